@@ -1,0 +1,15 @@
+# Warnings and numerics flags shared by every target.
+#
+# Quantization code must perform exactly the IEEE operations written in the source, so that
+# the CPU reference and the CUDA kernels agree bit for bit: no contraction into FMA, no fast
+# math, no flush-to-zero.
+add_library(qrecipe_flags INTERFACE)
+target_compile_options(qrecipe_flags INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wno-missing-field-initializers -ffp-contract=off -fno-fast-math>
+  $<$<COMPILE_LANGUAGE:CUDA>:-fmad=false --ftz=false --prec-div=true --prec-sqrt=true -Xcompiler=-ffp-contract=off>)
+
+if(QRECIPE_SANITIZE)
+  set(QRECIPE_SANITIZER_FLAGS -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  target_compile_options(qrecipe_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:${QRECIPE_SANITIZER_FLAGS}>)
+  target_link_options(qrecipe_flags INTERFACE -fsanitize=address,undefined)
+endif()

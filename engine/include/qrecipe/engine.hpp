@@ -1,0 +1,95 @@
+// Engine: a validated recipe plus the loaded plugins; resolves roles to quantizers (cached
+// per role) and owns the shared delayed-scaling state (DESIGN.md sections 2 and 3).
+//
+// Lifetime: quantizers returned by resolve() reference the engine's scaling state; keep the
+// Engine alive while they are used. Thread safety: resolve() and make_quantizer() lock;
+// update_scaling() must not run concurrently with quantize calls that use the state.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "qrecipe/gemm.hpp"
+#include "qrecipe/quantizer.hpp"
+#include "qrecipe/recipe.hpp"
+#include "qrecipe/registry.hpp"
+#include "qrecipe/tensor.hpp"
+
+namespace qrecipe {
+
+// One delayed-scaling state (amax history + scale) owned by the engine. Its buffers live on
+// the device the plugin asked for (request.device): host memory from the engine's allocator,
+// or device memory from cuda_allocator() (then c.amax_history / c.scale are device pointers).
+struct ScalingState {
+  qr_scaling_request request{};
+  std::string owner;  // role string of the quantizer that asked, for logs
+  Buffer history, scale, scale_inv;
+  qr_scaling_state c{};
+};
+
+// How the three GEMMs of one linear layer y = x W^T run under the recipe (see plan_linear).
+struct LinearPlan {
+  struct Gemm {
+    GemmKind kind;
+    OperandTraits a, b;
+    std::int64_t m = 0, n = 0, k = 0;
+    GemmPlan plan;
+  };
+  QuantizerRole input, weight, grad_output;
+  std::shared_ptr<Quantizer> input_q, weight_q, grad_output_q;  // nullptr = high precision
+  Gemm fprop, dgrad, wgrad;
+};
+
+class Engine {
+ public:
+  // Validates the recipe against the registry (throws RecipeError).
+  Engine(Recipe recipe, std::shared_ptr<Registry> registry = Registry::shared(),
+         std::shared_ptr<Allocator> allocator = cpu_allocator());
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const Recipe& recipe() const { return recipe_; }
+  Registry& registry() const { return *registry_; }
+  const std::shared_ptr<Allocator>& allocator() const { return allocator_; }
+
+  // The quantizer the recipe gives `role` (nullptr for format none); cached per role.
+  std::shared_ptr<Quantizer> resolve(const QuantizerRole& role);
+  // An uncached quantizer for an explicit spec (validated first).
+  std::shared_ptr<Quantizer> make_quantizer(const QuantizerSpec& spec, const QuantizerRole& role);
+
+  // Resolves the three roles of a linear layer (module `name` of `module_type`, weight
+  // [out_features, in_features], `tokens` rows of input) and plans its GEMMs on `target`.
+  // A quantizer that cannot provide a direction a GEMM needs, or cannot lay out the shape, is
+  // an error naming the module, the GEMM and the role: reported here, before step 1.
+  LinearPlan plan_linear(const std::string& module_type, const std::string& name,
+                         std::int64_t in_features, std::int64_t out_features, std::int64_t tokens,
+                         GemmTarget target);
+
+  // Delayed scaling: the step's amax of every state (history row 0), in creation order, for the
+  // caller to max-reduce across ranks; then update_scaling(reduced) applies the update of
+  // DESIGN.md section 7 to every state. update_scaling() with no argument uses row 0 as is.
+  std::vector<float> current_amaxes() const;
+  void update_scaling();
+  void update_scaling(const std::vector<float>& reduced_amaxes);
+  const std::vector<std::unique_ptr<ScalingState>>& scaling_states() const { return states_; }
+
+  // Called through the host table (host_api.cpp).
+  qr_scaling_state acquire_scaling_state(const qr_scaling_request& request, const std::string& owner);
+  qr_host_context* host_context() { return reinterpret_cast<qr_host_context*>(this); }
+  static Engine* from_host_context(qr_host_context* ctx) { return reinterpret_cast<Engine*>(ctx); }
+
+ private:
+  Recipe recipe_;
+  std::shared_ptr<Registry> registry_;
+  std::shared_ptr<Allocator> allocator_;
+  std::mutex mutex_;
+  std::unordered_map<QuantizerRole, std::shared_ptr<Quantizer>> cache_;
+  std::vector<std::unique_ptr<ScalingState>> states_;
+};
+
+}  // namespace qrecipe

@@ -1,0 +1,56 @@
+// FormatPlugin: the engine's view of one loaded plugin (its C descriptor plus the library it
+// came from). Made only by the Registry. The library is never unloaded (objects a plugin made
+// may outlive any "unload"), so a FormatPlugin and everything it returns stay valid for the
+// life of the process.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "qrecipe/plugin_abi.h"
+#include "qrecipe/tensor.hpp"
+
+namespace qrecipe {
+
+struct OptionSchema {
+  std::string key;
+  qr_option_type type = QR_OPTION_STRING;
+  std::string default_value;
+  std::vector<std::string> choices;  // ENUM
+  double min_value = 0, max_value = 0;  // INT/FLOAT; both 0 = unbounded
+  std::string help;
+
+  std::string type_name() const;  // "bool", "int", "float", "enum", "string", "quantizer"
+  std::string describe() const;   // "dtype: enum {e4m3, e5m2} = e4m3 -- help"
+};
+
+class FormatPlugin {
+ public:
+  FormatPlugin(std::string path, const qr_plugin_descriptor* descriptor);
+
+  const std::string& name() const { return name_; }
+  const std::string& version() const { return version_; }
+  const std::string& description() const { return description_; }
+  const std::string& path() const { return path_; }
+  bool supports(Device device) const { return (devices_ >> device.type) & 1u; }
+  std::string devices_str() const;  // "cpu, cuda"
+  int cuda_version() const { return cuda_version_; }
+  const std::string& cuda_archs() const { return cuda_archs_; }
+  const std::vector<OptionSchema>& options() const { return options_; }
+  const OptionSchema* find_option(const std::string& key) const;
+  std::string option_keys() const;  // "dtype, scaling, ..." for error messages
+  // True if some option takes a nested quantizer (such formats may not be nested themselves).
+  bool takes_quantizers() const;
+  const qr_plugin_descriptor& c() const { return *descriptor_; }
+
+ private:
+  std::string path_, name_, version_, description_, cuda_archs_;
+  std::uint32_t devices_ = 0;
+  int cuda_version_ = 0;
+  std::vector<OptionSchema> options_;
+  const qr_plugin_descriptor* descriptor_;
+};
+
+}  // namespace qrecipe

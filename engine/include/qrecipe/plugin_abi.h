@@ -1,0 +1,360 @@
+/* qrecipe plugin ABI: the only contract between the engine and a format plugin.
+ *
+ * Map of this header
+ *   1. versions and basic enums (status, dtype, device, usage, scale modes, option types)
+ *   2. value structs: tensor view, role, options, quantizer spec, layout, quantized tensor
+ *   3. the host table (what the engine gives a plugin: errors, logging, scaling state,
+ *      sub-quantizers for the hybrid format)
+ *   4. the plugin descriptor (what a plugin gives the engine) and the two exported symbols
+ *
+ * Rules (DESIGN.md section 4):
+ *   - C only. No C++ type, exception or allocation crosses this boundary.
+ *   - Every struct starts with `uint32_t struct_size`; readers check it before touching a
+ *     field, so newer code can read older structs.
+ *   - Tables and structs are append-only once released: a field is never removed,
+ *     reordered or retyped. The static_asserts at the end of this file pin the offset of the
+ *     last slot of every released version; a change that moves one fails to compile.
+ *   - Errors are values: functions return a `qr_status` (NULL on success) made by the host's
+ *     `error_new`. The engine takes ownership of a returned status and frees it.
+ *   - Memory of quantized tensors is allocated by the host (the engine asks `layout` for the
+ *     sizes, allocates, then calls `quantize` into the buffers). Plugins never own tensors.
+ *
+ * How to add a slot: append it at the end of the struct, bump nothing else, add a
+ * `QR_ABI_V<n>_LAST` static_assert for the new last slot when the version is released, and
+ * check `struct_size` before calling it from the engine. Bump QR_PLUGIN_ABI_VERSION only for
+ * a change that old plugins cannot survive (there should never be one).
+ */
+#ifndef QRECIPE_PLUGIN_ABI_H
+#define QRECIPE_PLUGIN_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- 1. versions, enums */
+
+#define QR_PLUGIN_ABI_VERSION 1u
+#define QR_MAX_DIMS 8
+
+#if defined(_WIN32)
+#define QR_PLUGIN_EXPORT __declspec(dllexport)
+#else
+#define QR_PLUGIN_EXPORT __attribute__((visibility("default")))
+#endif
+
+typedef enum qr_status_code {
+  QR_STATUS_OK = 0,
+  QR_STATUS_INVALID_ARGUMENT = 1, /* bad shape, dtype, option value, ... */
+  QR_STATUS_UNSUPPORTED = 2,      /* valid request this plugin cannot serve (device, dtype) */
+  QR_STATUS_OUT_OF_MEMORY = 3,
+  QR_STATUS_DEVICE_ERROR = 4,     /* CUDA / driver failure */
+  QR_STATUS_INTERNAL = 5          /* a bug: an exception caught at the boundary, ... */
+} qr_status_code;
+
+/* Opaque error object owned by the host. NULL means success. */
+typedef struct qr_error qr_error;
+typedef qr_error* qr_status;
+
+typedef enum qr_dtype {
+  QR_DTYPE_F32 = 0,
+  QR_DTYPE_BF16 = 1,
+  QR_DTYPE_F16 = 2,
+  QR_DTYPE_E4M3 = 3,
+  QR_DTYPE_E5M2 = 4,
+  QR_DTYPE_E2M1 = 5, /* packed two per byte along the last dimension, even index in low nibble */
+  QR_DTYPE_E8M0 = 6,
+  QR_DTYPE_U8 = 7,
+  QR_DTYPE_F64 = 8
+} qr_dtype;
+
+typedef enum qr_device_type { QR_DEVICE_CPU = 0, QR_DEVICE_CUDA = 1 } qr_device_type;
+
+typedef struct qr_device {
+  int32_t type;  /* qr_device_type */
+  int32_t index; /* CUDA ordinal; 0 for the CPU */
+} qr_device;
+
+/* Bit flags: which directions a quantized tensor holds / a caller asks for. */
+typedef enum qr_usage {
+  QR_USAGE_ROWWISE = 1u,    /* blocks along the last dimension (K) */
+  QR_USAGE_COLUMNWISE = 2u  /* blocks along the first dimension (M) */
+} qr_usage;
+
+typedef enum qr_direction { QR_DIRECTION_ROWWISE = 0, QR_DIRECTION_COLUMNWISE = 1 } qr_direction;
+
+/* How the scale_inv of one direction applies to its data. The GEMM pairing table is keyed by
+ * this (plus data dtype and block shape), so the engine never needs to know format names. */
+typedef enum qr_scale_mode {
+  QR_SCALE_NONE = 0,        /* data is high precision, no scale */
+  QR_SCALE_TENSOR = 1,      /* one FP32 scale_inv for the whole tensor */
+  QR_SCALE_BLOCK = 2,       /* one scale per block_rows x block_cols block of the logical
+                               [M, K] tensor; scale dtype from the layout */
+  QR_SCALE_BLOCK_TENSOR = 3 /* block scales times a per-tensor decode factor derived from
+                               `amax` (NVFP4: amax / (448 * 6)) */
+} qr_scale_mode;
+
+typedef enum qr_option_type {
+  QR_OPTION_BOOL = 0,
+  QR_OPTION_INT = 1,
+  QR_OPTION_FLOAT = 2,
+  QR_OPTION_ENUM = 3,     /* a string from a fixed list of choices */
+  QR_OPTION_STRING = 4,
+  QR_OPTION_QUANTIZER = 5 /* a nested quantizer spec (the hybrid format's halves) */
+} qr_option_type;
+
+typedef enum qr_log_level {
+  QR_LOG_DEBUG = 0,
+  QR_LOG_INFO = 1,
+  QR_LOG_WARNING = 2,
+  QR_LOG_ERROR = 3
+} qr_log_level;
+
+/* ---------------------------------------------------------------- 2. value structs */
+
+/* Non-owning view of a strided tensor. Strides are in elements; for E2M1 the last dimension
+ * is counted in elements (nibbles) and must be contiguous. */
+typedef struct qr_tensor_view {
+  uint32_t struct_size;
+  int32_t dtype; /* qr_dtype */
+  qr_device device;
+  void* data;
+  int32_t ndim;
+  int64_t shape[QR_MAX_DIMS];
+  int64_t strides[QR_MAX_DIMS];
+} qr_tensor_view;
+
+/* Who consumes a tensor. Strings are owned by the caller and live for the call. */
+typedef struct qr_role {
+  uint32_t struct_size;
+  const char* module_type; /* linear, grouped_linear, layernorm_linear, layernorm_mlp, ... */
+  const char* tensor_type; /* input, weight, grad_output */
+  const char* name;        /* dotted module path, e.g. layers.3.mlp.fc1 */
+} qr_role;
+
+typedef struct qr_quantizer_spec qr_quantizer_spec;
+
+/* One validated option as the plugin receives it: the engine has already checked the key,
+ * the type and (for enums) the value against the plugin's schema. */
+typedef struct qr_option {
+  uint32_t struct_size;
+  const char* key;
+  int32_t type; /* qr_option_type */
+  int32_t bool_value;
+  int64_t int_value;
+  double float_value;
+  const char* string_value;         /* ENUM and STRING */
+  const qr_quantizer_spec* spec_value; /* QUANTIZER */
+} qr_option;
+
+/* A format name plus the options the recipe set explicitly (defaults are the plugin's). */
+struct qr_quantizer_spec {
+  uint32_t struct_size;
+  const char* format;
+  const qr_option* options;
+  uint32_t num_options;
+};
+
+/* One entry of a plugin's option schema (static data owned by the plugin). */
+typedef struct qr_option_schema {
+  uint32_t struct_size;
+  const char* key;
+  int32_t type;                 /* qr_option_type */
+  const char* default_value;    /* human-readable default, e.g. "e4m3 (e5m2 for grad_output)" */
+  const char* const* choices;   /* ENUM: allowed values */
+  uint32_t num_choices;
+  double min_value;             /* INT/FLOAT: inclusive bounds, checked by the engine */
+  double max_value;
+  const char* help;
+} qr_option_schema;
+
+/* Sizes and meaning of the buffers of one direction, for a logical [rows, cols] tensor. */
+typedef struct qr_direction_layout {
+  uint32_t struct_size;
+  const char* format;     /* format that owns this direction (a hybrid reports its halves) */
+  int32_t data_dtype;     /* qr_dtype */
+  int32_t data_ndim;
+  int64_t data_shape[2];  /* element shape; transposed directions report [cols, rows] */
+  int32_t data_transposed;/* 1 if data is stored as the transpose of the logical tensor */
+  int32_t scale_mode;     /* qr_scale_mode */
+  int32_t scale_dtype;    /* qr_dtype of scale_inv (F32, E8M0, E4M3) */
+  int32_t scale_ndim;     /* 0 when there is no scale buffer */
+  int64_t scale_shape[2]; /* padded shape of the stored scale_inv array */
+  int32_t scale_transposed; /* 1 if scale_inv[j][i] holds block (i, j) (blockwise 1x128) */
+  int32_t block_rows;     /* block geometry in the logical [rows, cols] tensor */
+  int32_t block_cols;
+  int32_t has_amax;       /* 1 if this direction stores an FP32 amax scalar */
+} qr_direction_layout;
+
+/* Buffers of one direction (views into host-allocated memory). */
+typedef struct qr_direction_data {
+  uint32_t struct_size;
+  qr_direction_layout layout;
+  qr_tensor_view data;
+  qr_tensor_view scale_inv; /* ndim 0 / data NULL when the layout has no scale */
+  qr_tensor_view amax;      /* one F32 element, or data NULL */
+} qr_direction_data;
+
+/* A quantized tensor: logical 2-D shape plus up to two directions. */
+typedef struct qr_quantized_tensor {
+  uint32_t struct_size;
+  const char* format; /* format of the quantizer that produced it */
+  int64_t rows;       /* prod(leading dims) */
+  int64_t cols;       /* last dim */
+  uint32_t usage;     /* qr_usage bits: which of the two directions below are valid */
+  qr_direction_data rowwise;
+  qr_direction_data columnwise;
+} qr_quantized_tensor;
+
+/* Arguments of one quantize call. */
+typedef struct qr_quantize_args {
+  uint32_t struct_size;
+  uint32_t usage;           /* directions to produce; each must be allocated in dst */
+  const float* amax;        /* NULL, or host pointer to [rowwise amax, columnwise amax] already
+                               reduced by the caller (TP/SP/FSDP); the plugin then skips its
+                               own amax pass */
+  int32_t has_rng_offset;   /* 1: use rng_offset (recompute, checkpoint resume) */
+  uint64_t rng_offset;      /* stochastic-rounding call offset */
+  void* stream;             /* cudaStream_t for CUDA tensors, NULL for the default stream */
+} qr_quantize_args;
+
+/* ---------------------------------------------------------------- 3. host table */
+
+typedef struct qr_host_context qr_host_context; /* opaque engine handle */
+typedef struct qr_host_quantizer qr_host_quantizer; /* a quantizer the host made for a plugin */
+
+/* Shared delayed-scaling state handed to a stateful quantizer. The engine owns it and
+ * updates scale / history in Engine::update_scaling(); the quantizer reads `scale` and
+ * max-accumulates its amax into `amax_history[0]` during the step. Memory lives on the
+ * device the state was requested for and stays valid while the engine lives. */
+typedef struct qr_scaling_state {
+  uint32_t struct_size;
+  float* amax_history;  /* [history_len]; row 0 is the current step */
+  float* scale;         /* [1] */
+  float* scale_inv;     /* [1] = 1/scale, refreshed by the update */
+  int32_t history_len;
+  qr_device device;
+} qr_scaling_state;
+
+typedef struct qr_scaling_request {
+  uint32_t struct_size;
+  int32_t history_len;      /* >= 1 */
+  int32_t algo_most_recent; /* 0: max over history, 1: most recent */
+  int32_t margin;
+  float fp8_max;            /* 448 or 57344 */
+  qr_device device;
+} qr_scaling_request;
+
+typedef struct qr_host_api {
+  uint32_t struct_size;
+  uint32_t abi_version;
+  /* errors: make a status the engine will own. `where` is "file:line (function)". */
+  qr_status (*error_new)(int32_t code, const char* where, const char* message);
+  /* logging through the engine's sink */
+  void (*log)(int32_t level, const char* plugin, const char* message);
+  /* delayed scaling: a state owned by `ctx` (the engine that is creating the quantizer) */
+  qr_status (*scaling_state_acquire)(qr_host_context* ctx, const qr_scaling_request* request,
+                                     qr_scaling_state* out);
+  /* sub-quantizers (hybrid): build a quantizer of any loaded format for the same role */
+  qr_status (*quantizer_create)(qr_host_context* ctx, const qr_quantizer_spec* spec,
+                                const qr_role* role, qr_host_quantizer** out);
+  void (*quantizer_destroy)(qr_host_quantizer* q);
+  qr_status (*quantizer_layout)(qr_host_quantizer* q, int64_t rows, int64_t cols,
+                                int32_t direction, qr_direction_layout* out);
+  qr_status (*quantizer_compute_amax)(qr_host_quantizer* q, const qr_tensor_view* src,
+                                      void* stream, float* amax_out /* [2] */);
+  qr_status (*quantizer_quantize)(qr_host_quantizer* q, const qr_tensor_view* src,
+                                  const qr_quantize_args* args, qr_quantized_tensor* dst);
+  qr_status (*quantizer_dequantize)(qr_host_quantizer* q, const qr_quantized_tensor* src,
+                                    int32_t direction, const qr_tensor_view* dst, void* stream);
+  /* reading a status that a host call returned (e.g. a sub-quantizer's error), so a plugin can
+   * forward it with its own context: the qr_status_code, "file:line (function)" of the original
+   * failure, and the message. The strings live until error_free. A status the plugin does not
+   * return to the engine must be released with error_free (sdk::check_host does both). */
+  int32_t (*error_code)(qr_status status);
+  const char* (*error_where)(qr_status status);
+  const char* (*error_message)(qr_status status);
+  void (*error_free)(qr_status status);
+  /* the resolved options of a sub-quantizer, as the plugin descriptor's `describe` */
+  qr_status (*quantizer_describe)(qr_host_quantizer* q, char* buffer, size_t capacity);
+} qr_host_api;
+
+/* ---------------------------------------------------------------- 4. plugin descriptor */
+
+typedef struct qr_quantizer qr_quantizer; /* opaque, made by the plugin */
+
+typedef struct qr_create_args {
+  uint32_t struct_size;
+  qr_host_context* ctx;       /* pass back to host calls that take one */
+  const qr_role* role;
+  const qr_quantizer_spec* spec; /* spec->format is this plugin's name */
+} qr_create_args;
+
+typedef struct qr_plugin_descriptor {
+  uint32_t abi_version; /* QR_PLUGIN_ABI_VERSION the plugin was built with */
+  uint32_t struct_size;
+  const char* name;            /* format name used in recipes, e.g. "float8" */
+  const char* version;         /* format/plugin version, e.g. "1.0.0" */
+  const char* description;
+  uint32_t devices;            /* bit (1 << qr_device_type) per supported device */
+  int32_t cuda_version;        /* CUDA runtime it was built with (e.g. 13000), 0 without CUDA */
+  const char* cuda_archs;      /* compiled SM archs, e.g. "90a", "" without CUDA */
+  const qr_option_schema* options;
+  uint32_t num_options;
+
+  qr_status (*create_quantizer)(const qr_create_args* args, qr_quantizer** out);
+  void (*destroy_quantizer)(qr_quantizer* q);
+  /* layout of one direction for a logical [rows, cols] tensor */
+  qr_status (*layout)(qr_quantizer* q, int64_t rows, int64_t cols, int32_t direction,
+                      qr_direction_layout* out);
+  /* amax of src as the format needs it: [0] rowwise, [1] columnwise (differ under Hadamard) */
+  qr_status (*compute_amax)(qr_quantizer* q, const qr_tensor_view* src, void* stream,
+                            float* amax_out);
+  /* quantize src into the buffers of dst (allocated by the host from `layout`); also used for
+   * in-place requantization into an existing tensor */
+  qr_status (*quantize)(qr_quantizer* q, const qr_tensor_view* src, const qr_quantize_args* args,
+                        qr_quantized_tensor* dst);
+  /* decode one direction into dst (F32 or BF16, logical [rows, cols]) */
+  qr_status (*dequantize)(qr_quantizer* q, const qr_quantized_tensor* src, int32_t direction,
+                          const qr_tensor_view* dst, void* stream);
+  /* optional extras by name (fused optimizer step, grouped quantize, ...); NULL if absent */
+  void* (*get_proc_address)(const char* name);
+  /* human-readable description of a quantizer's resolved options (for `recipe explain`);
+   * writes at most `capacity` bytes including the terminating NUL */
+  qr_status (*describe)(qr_quantizer* q, char* buffer, size_t capacity);
+} qr_plugin_descriptor;
+
+/* Exported symbols of every plugin:
+ *   const uint32_t qrecipe_plugin_abi = QR_PLUGIN_ABI_VERSION;   (read without running code)
+ *   const qr_plugin_descriptor* qrecipe_plugin_entry(const qr_host_api* host);
+ */
+#define QR_PLUGIN_ABI_SYMBOL "qrecipe_plugin_abi"
+#define QR_PLUGIN_ENTRY_SYMBOL "qrecipe_plugin_entry"
+typedef const qr_plugin_descriptor* (*qr_plugin_entry_fn)(const qr_host_api* host);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+/* Released-layout guards: the last slot of each released version keeps its offset forever. */
+#if defined(__cplusplus)
+#define QR_ABI_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#define QR_ABI_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
+#if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
+QR_ABI_STATIC_ASSERT(offsetof(qr_plugin_descriptor, describe) == 120,
+                     "qr_plugin_descriptor v1 layout changed: append new slots at the end");
+QR_ABI_STATIC_ASSERT(offsetof(qr_host_api, quantizer_describe) == 112,
+                     "qr_host_api v1 layout changed: append new slots at the end");
+QR_ABI_STATIC_ASSERT(offsetof(qr_quantize_args, stream) == 32,
+                     "qr_quantize_args v1 layout changed: append new fields at the end");
+QR_ABI_STATIC_ASSERT(offsetof(qr_quantized_tensor, columnwise) == 40 + sizeof(qr_direction_data),
+                     "qr_quantized_tensor v1 layout changed: append new fields at the end");
+QR_ABI_STATIC_ASSERT(offsetof(qr_tensor_view, strides) == 96,
+                     "qr_tensor_view v1 layout changed: append new fields at the end");
+#endif
+
+#endif /* QRECIPE_PLUGIN_ABI_H */

@@ -1,0 +1,271 @@
+// Header-only helpers that let a plugin author write an ordinary C++ class and expose it
+// through the C ABI of plugin_abi.h. Nothing here is linked from the engine.
+//
+// How to write a format plugin (docs/plugins.md has the worked example):
+//   1. Derive a class from qrecipe::sdk::QuantizerBase and implement layout, compute_amax,
+//      quantize, dequantize and describe. Throw qrecipe::Error (QR_CHECK) on bad input.
+//   2. Give it a constructor `MyQuantizer(const qr_create_args& args, const sdk::Options& opts)`.
+//   3. Declare the option schema as a static array of qr_option_schema (sdk::option_* helpers).
+//   4. In exactly one .cpp of the plugin write
+//        QR_DEFINE_PLUGIN(MyQuantizer, "myformat", "1.0.0", "what it is", kSchema, devices)
+//      which defines and exports `qrecipe_plugin_abi` and `qrecipe_plugin_entry`.
+// Every call into the class goes through a noexcept trampoline that turns exceptions into
+// qr_status values made by the host, so no exception ever crosses the boundary.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "qrecipe/error.hpp"
+#include "qrecipe/plugin_abi.h"
+
+namespace qrecipe::sdk {
+
+// The host table given to qrecipe_plugin_entry; one per loaded plugin (hidden visibility).
+inline const qr_host_api*& host() {
+  static const qr_host_api* h = nullptr;
+  return h;
+}
+
+// Turn whatever `fn` throws into a status made by the host.
+template <class Fn>
+qr_status guard(Fn&& fn) noexcept {
+  const qr_host_api* h = host();
+  try {
+    fn();
+    return nullptr;
+  } catch (const qrecipe::Error& e) {
+    return h ? h->error_new(e.code(), e.where().c_str(), e.message().c_str()) : nullptr;
+  } catch (const std::bad_alloc&) {
+    return h ? h->error_new(QR_STATUS_OUT_OF_MEMORY, "", "out of memory") : nullptr;
+  } catch (const std::exception& e) {
+    return h ? h->error_new(QR_STATUS_INTERNAL, "", e.what()) : nullptr;
+  } catch (...) {
+    return h ? h->error_new(QR_STATUS_INTERNAL, "", "unknown exception in plugin") : nullptr;
+  }
+}
+
+// Read access to the validated options of a spec. Absent keys return the default given.
+class Options {
+ public:
+  explicit Options(const qr_quantizer_spec* spec) : spec_(spec) {}
+  const qr_option* find(std::string_view key) const {
+    if (!spec_) return nullptr;
+    for (std::uint32_t i = 0; i < spec_->num_options; ++i)
+      if (spec_->options[i].key && key == spec_->options[i].key) return &spec_->options[i];
+    return nullptr;
+  }
+  bool has(std::string_view key) const { return find(key) != nullptr; }
+  bool get_bool(std::string_view key, bool def) const {
+    const qr_option* o = find(key);
+    return o ? o->bool_value != 0 : def;
+  }
+  std::int64_t get_int(std::string_view key, std::int64_t def) const {
+    const qr_option* o = find(key);
+    return o ? o->int_value : def;
+  }
+  double get_float(std::string_view key, double def) const {
+    const qr_option* o = find(key);
+    if (!o) return def;
+    return o->type == QR_OPTION_INT ? static_cast<double>(o->int_value) : o->float_value;
+  }
+  std::string get_string(std::string_view key, std::string_view def) const {
+    const qr_option* o = find(key);
+    return o && o->string_value ? std::string(o->string_value) : std::string(def);
+  }
+  const qr_quantizer_spec* get_spec(std::string_view key) const {
+    const qr_option* o = find(key);
+    return o ? o->spec_value : nullptr;
+  }
+
+ private:
+  const qr_quantizer_spec* spec_;
+};
+
+// Schema entry builders (static data; strings must have static storage).
+constexpr qr_option_schema option_bool(const char* key, const char* def, const char* help) {
+  return {sizeof(qr_option_schema), key, QR_OPTION_BOOL, def, nullptr, 0, 0, 0, help};
+}
+constexpr qr_option_schema option_int(const char* key, const char* def, double lo, double hi,
+                                      const char* help) {
+  return {sizeof(qr_option_schema), key, QR_OPTION_INT, def, nullptr, 0, lo, hi, help};
+}
+constexpr qr_option_schema option_float(const char* key, const char* def, double lo, double hi,
+                                        const char* help) {
+  return {sizeof(qr_option_schema), key, QR_OPTION_FLOAT, def, nullptr, 0, lo, hi, help};
+}
+template <std::size_t N>
+constexpr qr_option_schema option_enum(const char* key, const char* def,
+                                       const char* const (&choices)[N], const char* help) {
+  return {sizeof(qr_option_schema), key, QR_OPTION_ENUM, def, choices,
+          static_cast<std::uint32_t>(N), 0, 0, help};
+}
+constexpr qr_option_schema option_string(const char* key, const char* def, const char* help) {
+  return {sizeof(qr_option_schema), key, QR_OPTION_STRING, def, nullptr, 0, 0, 0, help};
+}
+constexpr qr_option_schema option_quantizer(const char* key, const char* def, const char* help) {
+  return {sizeof(qr_option_schema), key, QR_OPTION_QUANTIZER, def, nullptr, 0, 0, 0, help};
+}
+
+// A layout with struct_size set and everything else zero.
+inline qr_direction_layout empty_layout(const char* format) {
+  qr_direction_layout l{};
+  l.struct_size = sizeof(qr_direction_layout);
+  l.format = format;
+  return l;
+}
+
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+inline std::int64_t round_up(std::int64_t a, std::int64_t m) { return ceil_div(a, m) * m; }
+
+// What a plugin's quantizer implements. The engine guarantees: src is a valid view whose
+// logical 2-D shape matches dst->rows x dst->cols; each requested direction of dst has buffers
+// of exactly the sizes `layout` reported, zero-filled at allocation.
+class QuantizerBase {
+ public:
+  virtual ~QuantizerBase() = default;
+  virtual qr_direction_layout layout(std::int64_t rows, std::int64_t cols,
+                                     qr_direction direction) const = 0;
+  virtual void compute_amax(const qr_tensor_view& src, void* stream, float amax_out[2]) = 0;
+  virtual void quantize(const qr_tensor_view& src, const qr_quantize_args& args,
+                        qr_quantized_tensor& dst) = 0;
+  virtual void dequantize(const qr_quantized_tensor& src, qr_direction direction,
+                          const qr_tensor_view& dst, void* stream) = 0;
+  virtual std::string describe() const = 0;
+};
+
+// C trampolines for a QuantizerBase subclass Q.
+template <class Q>
+struct Trampolines {
+  static Q* self(qr_quantizer* q) { return reinterpret_cast<Q*>(q); }
+
+  static qr_status create(const qr_create_args* args, qr_quantizer** out) noexcept {
+    return guard([&] {
+      QR_CHECK(args && out, "create_quantizer called with null arguments");
+      QR_CHECK(args->struct_size >= sizeof(qr_create_args), "qr_create_args struct_size ",
+               args->struct_size, " < ", sizeof(qr_create_args));
+      Options opts(args->spec);
+      *out = reinterpret_cast<qr_quantizer*>(new Q(*args, opts));
+    });
+  }
+  static void destroy(qr_quantizer* q) noexcept { delete self(q); }
+  static qr_status layout(qr_quantizer* q, std::int64_t rows, std::int64_t cols,
+                          std::int32_t direction, qr_direction_layout* out) noexcept {
+    return guard([&] {
+      QR_CHECK(direction == QR_DIRECTION_ROWWISE || direction == QR_DIRECTION_COLUMNWISE,
+               "direction ", direction, " is neither rowwise (0) nor columnwise (1)");
+      *out = self(q)->layout(rows, cols, static_cast<qr_direction>(direction));
+    });
+  }
+  static qr_status compute_amax(qr_quantizer* q, const qr_tensor_view* src, void* stream,
+                                float* amax_out) noexcept {
+    return guard([&] { self(q)->compute_amax(*src, stream, amax_out); });
+  }
+  static qr_status quantize(qr_quantizer* q, const qr_tensor_view* src,
+                            const qr_quantize_args* args, qr_quantized_tensor* dst) noexcept {
+    return guard([&] { self(q)->quantize(*src, *args, *dst); });
+  }
+  static qr_status dequantize(qr_quantizer* q, const qr_quantized_tensor* src,
+                              std::int32_t direction, const qr_tensor_view* dst,
+                              void* stream) noexcept {
+    return guard([&] {
+      self(q)->dequantize(*src, static_cast<qr_direction>(direction), *dst, stream);
+    });
+  }
+  static qr_status describe(qr_quantizer* q, char* buffer, std::size_t capacity) noexcept {
+    return guard([&] {
+      const std::string s = self(q)->describe();
+      if (capacity == 0) return;
+      const std::size_t n = s.size() < capacity - 1 ? s.size() : capacity - 1;
+      std::memcpy(buffer, s.data(), n);
+      buffer[n] = '\0';
+    });
+  }
+};
+
+template <class Q>
+constexpr qr_plugin_descriptor make_descriptor(const char* name, const char* version,
+                                               const char* description, std::uint32_t devices,
+                                               std::int32_t cuda_version, const char* cuda_archs,
+                                               const qr_option_schema* options,
+                                               std::uint32_t num_options,
+                                               void* (*get_proc_address)(const char*)) {
+  return {QR_PLUGIN_ABI_VERSION,
+          sizeof(qr_plugin_descriptor),
+          name,
+          version,
+          description,
+          devices,
+          cuda_version,
+          cuda_archs,
+          options,
+          num_options,
+          &Trampolines<Q>::create,
+          &Trampolines<Q>::destroy,
+          &Trampolines<Q>::layout,
+          &Trampolines<Q>::compute_amax,
+          &Trampolines<Q>::quantize,
+          &Trampolines<Q>::dequantize,
+          get_proc_address,
+          &Trampolines<Q>::describe};
+}
+
+inline void* no_extras(const char*) { return nullptr; }
+
+// Turns the status of a host call (e.g. a sub-quantizer's quantize) into a thrown
+// qrecipe::Error that keeps the original code, where and message, prefixed by `context`
+// ("hybrid rowwise side (float8)"). Frees the status. No-op for success.
+inline void check_host(qr_status status, std::string_view context) {
+  if (status == nullptr) return;
+  const qr_host_api* h = host();
+  if (h == nullptr || h->error_code == nullptr || h->error_message == nullptr ||
+      h->error_where == nullptr || h->error_free == nullptr) {
+    // Unreachable with a host that passed the entry's struct_size check; never leak silently.
+    throw qrecipe::Error(QR_STATUS_INTERNAL, "",
+                         std::string(context) + ": a host call failed and this host cannot "
+                                                "report why (host table too old)");
+  }
+  const auto code = static_cast<qr_status_code>(h->error_code(status));
+  std::string where = h->error_where(status);
+  std::string message = h->error_message(status);
+  h->error_free(status);
+  throw qrecipe::Error(code, std::move(where),
+                       context.empty() ? message : std::string(context) + ": " + message);
+}
+}  // namespace qrecipe::sdk
+
+#if defined(QRECIPE_PLUGIN_CUDA_VERSION)
+#define QR_SDK_CUDA_VERSION QRECIPE_PLUGIN_CUDA_VERSION
+#else
+#define QR_SDK_CUDA_VERSION 0
+#endif
+#if defined(QRECIPE_PLUGIN_CUDA_ARCHS)
+#define QR_SDK_CUDA_ARCHS QRECIPE_PLUGIN_CUDA_ARCHS
+#else
+#define QR_SDK_CUDA_ARCHS ""
+#endif
+
+// Defines the two exported symbols of a plugin. `devices` is a bit mask of (1 << qr_device_type).
+#define QR_DEFINE_PLUGIN_EX(QuantizerClass, name, version, description, schema, devices,        \
+                            get_proc)                                                           \
+  extern "C" QR_PLUGIN_EXPORT const uint32_t qrecipe_plugin_abi = QR_PLUGIN_ABI_VERSION;        \
+  extern "C" QR_PLUGIN_EXPORT const qr_plugin_descriptor* qrecipe_plugin_entry(                  \
+      const qr_host_api* host) {                                                                \
+    static const qr_plugin_descriptor descriptor = ::qrecipe::sdk::make_descriptor<QuantizerClass>( \
+        name, version, description, devices, QR_SDK_CUDA_VERSION, QR_SDK_CUDA_ARCHS, schema,    \
+        static_cast<uint32_t>(sizeof(schema) / sizeof((schema)[0])), get_proc);                 \
+    if (host == nullptr || host->abi_version != QR_PLUGIN_ABI_VERSION ||                        \
+        host->struct_size < sizeof(qr_host_api))                                                \
+      return nullptr;                                                                           \
+    ::qrecipe::sdk::host() = host;                                                              \
+    return &descriptor;                                                                         \
+  }
+
+#define QR_DEFINE_PLUGIN(QuantizerClass, name, version, description, schema, devices)          \
+  QR_DEFINE_PLUGIN_EX(QuantizerClass, name, version, description, schema, devices,              \
+                      &::qrecipe::sdk::no_extras)

@@ -1,0 +1,74 @@
+// Quantizer: the engine's owning handle on a quantizer a plugin made for one role and spec.
+//
+// Lifetime: holds the FormatPlugin by shared_ptr (the library is never unloaded) and destroys
+// the plugin-side object in its destructor. A Quantizer made by an Engine may reference the
+// engine's scaling state, so it must not outlive that Engine.
+//
+// Every call checks its arguments before the plugin sees them (shape, dtype, device, usage)
+// and turns a plugin's error status into qrecipe::Error with the format, role and shapes.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "qrecipe/format_plugin.hpp"
+#include "qrecipe/plugin_abi.h"
+#include "qrecipe/quantized_tensor.hpp"
+#include "qrecipe/role.hpp"
+#include "qrecipe/spec.hpp"
+#include "qrecipe/tensor.hpp"
+
+namespace qrecipe {
+
+struct QuantizeOptions {
+  // Amaxes already reduced by the caller ([rowwise, columnwise]); nullopt: the plugin computes.
+  std::optional<std::array<float, 2>> amax;
+  // Stochastic-rounding call offset to reuse (recompute, resume); nullopt: the next one.
+  std::optional<std::uint64_t> rng_offset;
+  void* stream = nullptr;  // cudaStream_t for CUDA tensors
+};
+
+class Quantizer {
+ public:
+  Quantizer(std::shared_ptr<const FormatPlugin> plugin, QuantizerSpec spec, QuantizerRole role,
+            qr_host_context* ctx);
+  ~Quantizer();
+  Quantizer(const Quantizer&) = delete;
+  Quantizer& operator=(const Quantizer&) = delete;
+
+  const std::string& format() const { return plugin_->name(); }
+  const FormatPlugin& plugin() const { return *plugin_; }
+  const QuantizerSpec& spec() const { return spec_; }
+  const QuantizerRole& role() const { return role_; }
+  qr_quantizer* handle() const { return handle_; }
+
+  qr_direction_layout layout(std::int64_t rows, std::int64_t cols, qr_direction direction) const;
+  std::array<float, 2> compute_amax(const TensorView& src, void* stream = nullptr) const;
+  // Allocates the directions in `usage` from `allocator` (CPU allocator when null) and quantizes.
+  QuantizedTensor quantize(const TensorView& src, std::uint32_t usage,
+                           const QuantizeOptions& options = {},
+                           std::shared_ptr<Allocator> allocator = nullptr) const;
+  // Requantizes into existing buffers (same shape, the directions dst already holds).
+  void quantize_into(const TensorView& src, QuantizedTensor& dst,
+                     const QuantizeOptions& options = {}) const;
+  // Decodes one direction into dst (F32 or BF16, logical [rows, cols], contiguous).
+  void dequantize(const QuantizedTensor& src, qr_direction direction, const TensorView& dst,
+                  void* stream = nullptr) const;
+  // Convenience: decode into a new F32 CPU tensor of shape [rows, cols].
+  Tensor dequantize(const QuantizedTensor& src, qr_direction direction) const;
+  // The quantizer's resolved options, e.g. "float8{dtype=e4m3, scaling=current, ...}".
+  std::string describe() const;
+
+ private:
+  std::string context(const char* op, const TensorView* src = nullptr) const;
+  void check_source(const TensorView& src, std::int64_t rows, std::int64_t cols) const;
+  std::shared_ptr<const FormatPlugin> plugin_;
+  QuantizerSpec spec_;
+  QuantizerRole role_;
+  qr_quantizer* handle_ = nullptr;
+};
+
+}  // namespace qrecipe

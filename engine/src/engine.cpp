@@ -1,0 +1,184 @@
+// Engine: recipe validation, role resolution (cached), and the delayed-scaling states.
+#include "qrecipe/engine.hpp"
+
+#include <sstream>
+
+#include "qrecipe/cuda.hpp"
+#include "qrecipe/scaling.hpp"
+
+namespace qrecipe {
+
+Engine::Engine(Recipe recipe, std::shared_ptr<Registry> registry,
+               std::shared_ptr<Allocator> allocator)
+    : recipe_(std::move(recipe)), registry_(std::move(registry)), allocator_(std::move(allocator)) {
+  QR_CHECK(registry_ != nullptr, "Engine needs a plugin registry");
+  QR_CHECK(allocator_ != nullptr, "Engine needs an allocator");
+  if (!recipe_.validated()) recipe_.validate(*registry_);
+}
+
+Engine::~Engine() {
+  // Quantizers may point into the scaling states: drop them first.
+  cache_.clear();
+}
+
+std::shared_ptr<Quantizer> Engine::resolve(const QuantizerRole& role) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = cache_.find(role); it != cache_.end()) return it->second;
+  }
+  auto q = make_quantizer(recipe_.resolve(role), role);
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cache_.emplace(role, std::move(q)).first->second;
+}
+
+std::shared_ptr<Quantizer> Engine::make_quantizer(const QuantizerSpec& spec,
+                                                  const QuantizerRole& role) {
+  QuantizerSpec typed = validate_spec(spec, *registry_);
+  if (typed.is_none()) return nullptr;
+  auto plugin = registry_->find(typed.format);
+  QR_CHECK(plugin != nullptr, "format '", typed.format, "' vanished from the registry");
+  return std::make_shared<Quantizer>(std::move(plugin), std::move(typed), role, host_context());
+}
+
+qr_scaling_state Engine::acquire_scaling_state(const qr_scaling_request& request,
+                                               const std::string& owner) {
+  QR_CHECK(request.history_len >= 1, "delayed scaling needs amax_history_len >= 1, got ",
+           request.history_len);
+  QR_CHECK(request.fp8_max > 0.0f, "delayed scaling needs a positive fp8_max, got ",
+           request.fp8_max);
+  const Device device = Device::from_c(request.device);
+  QR_CHECK_CODE(device.is_cpu() || device.is_cuda(), QR_STATUS_UNSUPPORTED,
+                "delayed-scaling state requested on unknown device type ", request.device.type,
+                " by ", owner, "; expected cpu or cuda");
+  // CUDA states come from the CUDA allocator (throws UNSUPPORTED in a build without CUDA).
+  const std::shared_ptr<Allocator> allocator = device.is_cpu() ? allocator_ : cuda_allocator();
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto s = std::make_unique<ScalingState>();
+  s->request = request;
+  s->owner = owner;
+  const auto n = static_cast<std::size_t>(request.history_len);
+  s->history = Buffer(allocator, n * sizeof(float), device);  // zero-filled
+  s->scale = Buffer(allocator, sizeof(float), device);
+  s->scale_inv = Buffer(allocator, sizeof(float), device);
+  const float one = 1.0f;  // DESIGN: history zeros, scale 1.0
+  if (device.is_cpu()) {
+    *static_cast<float*>(s->scale.data()) = one;
+    *static_cast<float*>(s->scale_inv.data()) = one;
+  } else {
+    copy_to_device(s->scale.data(), &one, sizeof one);
+    copy_to_device(s->scale_inv.data(), &one, sizeof one);
+  }
+  s->c.struct_size = sizeof(qr_scaling_state);
+  s->c.amax_history = static_cast<float*>(s->history.data());
+  s->c.scale = static_cast<float*>(s->scale.data());
+  s->c.scale_inv = static_cast<float*>(s->scale_inv.data());
+  s->c.history_len = request.history_len;
+  s->c.device = request.device;
+  states_.push_back(std::move(s));
+  return states_.back()->c;
+}
+
+std::vector<float> Engine::current_amaxes() const {
+  std::vector<float> out;
+  out.reserve(states_.size());
+  for (const auto& s : states_) {
+    float row0 = 0.0f;
+    if (s->c.device.type == QR_DEVICE_CPU)
+      row0 = s->c.amax_history[0];
+    else
+      copy_to_host(&row0, s->c.amax_history, sizeof row0);
+    out.push_back(row0);
+  }
+  return out;
+}
+
+void Engine::update_scaling() { update_scaling(current_amaxes()); }
+
+void Engine::update_scaling(const std::vector<float>& reduced_amaxes) {
+  QR_CHECK(reduced_amaxes.size() == states_.size(), "update_scaling got ", reduced_amaxes.size(),
+           " amaxes for ", states_.size(), " scaling states; pass current_amaxes() after reducing it");
+  for (std::size_t i = 0; i < states_.size(); ++i) {
+    auto& s = *states_[i];
+    if (s.c.device.type == QR_DEVICE_CPU) {
+      delayed_scaling_update(s.c.amax_history, s.c.history_len, s.c.scale, s.c.scale_inv,
+                             reduced_amaxes[i], s.request.algo_most_recent != 0,
+                             s.request.margin, s.request.fp8_max);
+      continue;
+    }
+    // CUDA state: copy to the host, run the same pure update, copy back (legacy default
+    // stream, synchronized; quantizes on other streams must be synchronized by the caller).
+    // Simple and exactly the CPU arithmetic; one kernel launch updating every CUDA state in
+    // place (delayed_scaling_update is QR_HD) is the later optimisation.
+    const auto n = static_cast<std::size_t>(s.c.history_len);
+    std::vector<float> history(n);
+    float scale = 0.0f, scale_inv = 0.0f;
+    copy_to_host(history.data(), s.c.amax_history, n * sizeof(float));
+    copy_to_host(&scale, s.c.scale, sizeof scale);
+    copy_to_host(&scale_inv, s.c.scale_inv, sizeof scale_inv);
+    delayed_scaling_update(history.data(), s.c.history_len, &scale, &scale_inv,
+                           reduced_amaxes[i], s.request.algo_most_recent != 0, s.request.margin,
+                           s.request.fp8_max);
+    copy_to_device(s.c.amax_history, history.data(), n * sizeof(float));
+    copy_to_device(s.c.scale, &scale, sizeof scale);
+    copy_to_device(s.c.scale_inv, &scale_inv, sizeof scale_inv);
+  }
+}
+
+}  // namespace qrecipe
+
+namespace qrecipe {
+
+namespace {
+
+OperandTraits operand_traits(const std::shared_ptr<Quantizer>& q, std::int64_t rows,
+                             std::int64_t cols, qr_direction direction, GemmKind kind,
+                             const std::string& module) {
+  if (!q) return OperandTraits::high_precision(DType::bf16);
+  try {
+    return OperandTraits::of(q->layout(rows, cols, direction), direction);
+  } catch (const Error& e) {
+    QR_THROW(module, ": ", gemm_kind_name(kind), " needs the ", direction_name(direction),
+             " direction of ", q->role().tensor_type, " [", rows, "x", cols, "] from ",
+             q->spec().str(), ", which cannot provide it: ", e.message());
+  }
+}
+
+}  // namespace
+
+LinearPlan Engine::plan_linear(const std::string& module_type, const std::string& name,
+                               std::int64_t in_features, std::int64_t out_features,
+                               std::int64_t tokens, GemmTarget target) {
+  QR_CHECK(in_features > 0 && out_features > 0 && tokens > 0, "linear ", name, ": in_features ",
+           in_features, ", out_features ", out_features, " and tokens ", tokens,
+           " must all be positive");
+  LinearPlan p;
+  p.input = {module_type, "input", name};
+  p.weight = {module_type, "weight", name};
+  p.grad_output = {module_type, "grad_output", name};
+  p.input_q = resolve(p.input);
+  p.weight_q = resolve(p.weight);
+  p.grad_output_q = resolve(p.grad_output);
+  const std::string module = module_type + " " + name;
+  const auto R = QR_DIRECTION_ROWWISE, C = QR_DIRECTION_COLUMNWISE;
+  auto make = [&](GemmKind kind, const std::shared_ptr<Quantizer>& qa, std::int64_t ra,
+                  std::int64_t ca, qr_direction da, const std::shared_ptr<Quantizer>& qb,
+                  std::int64_t rb, std::int64_t cb, qr_direction db) {
+    LinearPlan::Gemm g{kind, operand_traits(qa, ra, ca, da, kind, module),
+                       operand_traits(qb, rb, cb, db, kind, module)};
+    g.m = da == R ? ra : ca;
+    g.n = db == R ? rb : cb;
+    g.k = da == R ? ca : ra;
+    g.plan = plan_gemm(kind, g.a, g.b, target, g.m, g.n, g.k);
+    return g;
+  };
+  // x [tokens, in], W [out, in], dy [tokens, out]
+  p.fprop = make(GemmKind::fprop, p.input_q, tokens, in_features, R, p.weight_q, out_features,
+                 in_features, R);
+  p.dgrad = make(GemmKind::dgrad, p.grad_output_q, tokens, out_features, R, p.weight_q,
+                 out_features, in_features, C);
+  p.wgrad = make(GemmKind::wgrad, p.grad_output_q, tokens, out_features, C, p.input_q, tokens,
+                 in_features, C);
+  return p;
+}
+
+}  // namespace qrecipe

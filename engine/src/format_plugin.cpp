@@ -1,0 +1,98 @@
+// FormatPlugin: copies what the engine needs out of a plugin's C descriptor.
+#include "qrecipe/format_plugin.hpp"
+
+#include <sstream>
+
+#include "qrecipe/error.hpp"
+
+namespace qrecipe {
+
+std::string OptionSchema::type_name() const {
+  switch (type) {
+    case QR_OPTION_BOOL: return "bool";
+    case QR_OPTION_INT: return "int";
+    case QR_OPTION_FLOAT: return "float";
+    case QR_OPTION_ENUM: return "enum";
+    case QR_OPTION_STRING: return "string";
+    case QR_OPTION_QUANTIZER: return "quantizer";
+  }
+  return "unknown";
+}
+
+std::string OptionSchema::describe() const {
+  std::ostringstream os;
+  os << key << ": " << type_name();
+  if (type == QR_OPTION_ENUM) {
+    os << " {";
+    for (std::size_t i = 0; i < choices.size(); ++i) os << (i ? ", " : "") << choices[i];
+    os << "}";
+  }
+  if ((type == QR_OPTION_INT || type == QR_OPTION_FLOAT) && (min_value != 0 || max_value != 0))
+    os << " in [" << min_value << ", " << max_value << "]";
+  if (!default_value.empty()) os << " = " << default_value;
+  if (!help.empty()) os << "  -- " << help;
+  return os.str();
+}
+
+namespace {
+std::string str_or_empty(const char* s) { return s ? s : ""; }
+}  // namespace
+
+FormatPlugin::FormatPlugin(std::string path, const qr_plugin_descriptor* d)
+    : path_(std::move(path)), descriptor_(d) {
+  QR_CHECK(d != nullptr, "plugin ", path_, " returned a null descriptor");
+  QR_CHECK(d->name && *d->name, "plugin ", path_, " has no format name in its descriptor");
+  name_ = d->name;
+  version_ = str_or_empty(d->version);
+  description_ = str_or_empty(d->description);
+  devices_ = d->devices;
+  cuda_version_ = d->cuda_version;
+  cuda_archs_ = str_or_empty(d->cuda_archs);
+  QR_CHECK(d->create_quantizer && d->destroy_quantizer && d->layout && d->compute_amax &&
+               d->quantize && d->dequantize && d->describe,
+           "plugin ", path_, " (format '", name_, "') leaves a required function slot empty");
+  QR_CHECK(d->num_options == 0 || d->options != nullptr, "plugin ", path_, " declares ",
+           d->num_options, " options but no option table");
+  for (std::uint32_t i = 0; i < d->num_options; ++i) {
+    const qr_option_schema& o = d->options[i];
+    QR_CHECK(o.struct_size >= sizeof(qr_option_schema), "plugin ", path_, " option ", i,
+             " has struct_size ", o.struct_size, ", expected at least ", sizeof(qr_option_schema));
+    QR_CHECK(o.key && *o.key, "plugin ", path_, " option ", i, " has no key");
+    OptionSchema s;
+    s.key = o.key;
+    s.type = static_cast<qr_option_type>(o.type);
+    s.default_value = str_or_empty(o.default_value);
+    for (std::uint32_t c = 0; c < o.num_choices; ++c) s.choices.push_back(str_or_empty(o.choices[c]));
+    s.min_value = o.min_value;
+    s.max_value = o.max_value;
+    s.help = str_or_empty(o.help);
+    options_.push_back(std::move(s));
+  }
+}
+
+std::string FormatPlugin::devices_str() const {
+  std::string s;
+  if (devices_ & (1u << QR_DEVICE_CPU)) s += "cpu";
+  if (devices_ & (1u << QR_DEVICE_CUDA)) s += s.empty() ? "cuda" : ", cuda";
+  return s.empty() ? "none" : s;
+}
+
+const OptionSchema* FormatPlugin::find_option(const std::string& key) const {
+  for (const auto& o : options_)
+    if (o.key == key) return &o;
+  return nullptr;
+}
+
+std::string FormatPlugin::option_keys() const {
+  std::string s;
+  for (const auto& o : options_) s += (s.empty() ? "" : ", ") + o.key;
+  return s.empty() ? "(none)" : s;
+}
+
+bool FormatPlugin::takes_quantizers() const {
+  for (const auto& o : options_)
+    if (o.type == QR_OPTION_QUANTIZER) return true;
+  return false;
+}
+
+}  // namespace qrecipe

@@ -1,0 +1,135 @@
+// Quantizer: argument checks on the engine side, then the plugin's C functions.
+#include "qrecipe/quantizer.hpp"
+
+#include <sstream>
+
+#include "qrecipe/registry.hpp"
+
+namespace qrecipe {
+
+Quantizer::Quantizer(std::shared_ptr<const FormatPlugin> plugin, QuantizerSpec spec,
+                     QuantizerRole role, qr_host_context* ctx)
+    : plugin_(std::move(plugin)), spec_(std::move(spec)), role_(std::move(role)) {
+  QR_CHECK(plugin_ != nullptr, "Quantizer needs a plugin");
+  const CSpec cspec(spec_);
+  const qr_role crole = role_.to_c();
+  const qr_create_args args{sizeof(qr_create_args), ctx, &crole, cspec.get()};
+  throw_if_error(plugin_->c().create_quantizer(&args, &handle_),
+                 "creating a '" + plugin_->name() + "' quantizer (" + spec_.str() + ") for role " +
+                     role_.str());
+  QR_CHECK_CODE(handle_ != nullptr, QR_STATUS_INTERNAL, "plugin ", plugin_->path(),
+                " returned success but no quantizer");
+}
+
+Quantizer::~Quantizer() {
+  if (handle_) plugin_->c().destroy_quantizer(handle_);
+}
+
+std::string Quantizer::context(const char* op, const TensorView* src) const {
+  std::ostringstream os;
+  os << "format '" << format() << "' " << op << " for role " << role_.str();
+  if (src) os << " of " << src->str();
+  return os.str();
+}
+
+qr_direction_layout Quantizer::layout(std::int64_t rows, std::int64_t cols,
+                                      qr_direction direction) const {
+  QR_CHECK(rows >= 0 && cols >= 0, "negative shape ", rows, "x", cols);
+  qr_direction_layout out{};
+  out.struct_size = sizeof(qr_direction_layout);
+  throw_if_error(plugin_->c().layout(handle_, rows, cols, direction, &out),
+                 context("layout") + " (" + std::to_string(rows) + "x" + std::to_string(cols) +
+                     ", " + direction_name(direction) + ")");
+  QR_CHECK_CODE(out.struct_size >= sizeof(qr_direction_layout), QR_STATUS_INTERNAL, "plugin ",
+                plugin_->path(), " returned a layout with struct_size ", out.struct_size);
+  return out;
+}
+
+void Quantizer::check_source(const TensorView& src, std::int64_t rows, std::int64_t cols) const {
+  const DType t = src.dtype();
+  QR_CHECK(t == DType::f32 || t == DType::bf16 || t == DType::f16, context("quantize", &src),
+           ": source dtype must be f32, bf16 or f16, got ", dtype_name(t));
+  QR_CHECK(src.rows() == rows && src.cols() == cols, context("quantize", &src),
+           ": source is ", src.rows(), "x", src.cols(), " (as 2-D) but the destination is ", rows,
+           "x", cols);
+  QR_CHECK_CODE(plugin_->supports(src.device()), QR_STATUS_UNSUPPORTED, context("quantize", &src),
+                ": plugin ", plugin_->path(), " supports ", plugin_->devices_str(),
+                " only: this build of the plugin has no kernels for ", src.device().str(),
+                " (`qrecipe plugins` lists each format's devices); move the tensor to a supported"
+                " device or pick a format that has them. Nothing falls back silently");
+  QR_CHECK(src.data() != nullptr || src.numel() == 0, context("quantize", &src),
+           ": source has no data pointer");
+}
+
+std::array<float, 2> Quantizer::compute_amax(const TensorView& src, void* stream) const {
+  check_source(src, src.rows(), src.cols());
+  std::array<float, 2> out{0.0f, 0.0f};
+  throw_if_error(plugin_->c().compute_amax(handle_, &src.c(), stream, out.data()),
+                 context("compute_amax", &src));
+  return out;
+}
+
+QuantizedTensor Quantizer::quantize(const TensorView& src, std::uint32_t usage,
+                                    const QuantizeOptions& options,
+                                    std::shared_ptr<Allocator> allocator) const {
+  QR_CHECK(usage != 0 && (usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0,
+           context("quantize", &src), ": usage must be rowwise, columnwise or both, got ", usage);
+  check_source(src, src.rows(), src.cols());
+  if (!allocator) {
+    QR_CHECK(src.device().is_cpu(), context("quantize", &src),
+             ": pass an allocator for device tensors");
+    allocator = cpu_allocator();
+  }
+  std::array<qr_direction_layout, 2> layouts{};
+  for (int d = 0; d < 2; ++d) {
+    const auto dir = static_cast<qr_direction>(d);
+    if (usage & usage_bit(dir)) layouts[d] = layout(src.rows(), src.cols(), dir);
+  }
+  QuantizedTensor out(format(), src.rows(), src.cols(), usage, layouts, src.device(),
+                      std::move(allocator));
+  quantize_into(src, out, options);
+  return out;
+}
+
+void Quantizer::quantize_into(const TensorView& src, QuantizedTensor& dst,
+                              const QuantizeOptions& options) const {
+  check_source(src, dst.rows(), dst.cols());
+  QR_CHECK(dst.usage() != 0, context("quantize_into", &src), ": destination holds no direction");
+  qr_quantize_args args{};
+  args.struct_size = sizeof(qr_quantize_args);
+  args.usage = dst.usage();
+  args.amax = options.amax ? options.amax->data() : nullptr;
+  args.has_rng_offset = options.rng_offset.has_value() ? 1 : 0;
+  args.rng_offset = options.rng_offset.value_or(0);
+  args.stream = options.stream;
+  throw_if_error(plugin_->c().quantize(handle_, &src.c(), &args, &dst.c()),
+                 context("quantize", &src) + " (" + usage_str(dst.usage()) + ")");
+}
+
+void Quantizer::dequantize(const QuantizedTensor& src, qr_direction direction,
+                           const TensorView& dst, void* stream) const {
+  QR_CHECK(src.has(direction), context("dequantize"), ": the tensor has no ",
+           direction_name(direction), " data");
+  QR_CHECK(dst.dtype() == DType::f32 || dst.dtype() == DType::bf16, context("dequantize"),
+           ": destination dtype must be f32 or bf16, got ", dtype_name(dst.dtype()));
+  QR_CHECK(dst.rows() == src.rows() && dst.cols() == src.cols(), context("dequantize"),
+           ": destination is ", dst.rows(), "x", dst.cols(), " but the tensor is ", src.rows(),
+           "x", src.cols());
+  QR_CHECK(dst.is_contiguous(), context("dequantize"), ": destination must be contiguous");
+  throw_if_error(plugin_->c().dequantize(handle_, &src.c(), direction, &dst.c(), stream),
+                 context("dequantize") + " (" + direction_name(direction) + ")");
+}
+
+Tensor Quantizer::dequantize(const QuantizedTensor& src, qr_direction direction) const {
+  Tensor out(DType::f32, {src.rows(), src.cols()});
+  dequantize(src, direction, out.view());
+  return out;
+}
+
+std::string Quantizer::describe() const {
+  char buffer[1024] = {0};
+  throw_if_error(plugin_->c().describe(handle_, buffer, sizeof buffer), context("describe"));
+  return buffer;
+}
+
+}  // namespace qrecipe

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what a fresh machine lacks to build and test qrecipe. Idempotent: a second run
+# checks and returns in seconds. Pins are exact so every machine builds the same thing.
+#   apt : yaml-cpp (recipes), Boost (Boost.DLL plugin loading), doctest (C++ tests)
+#   pip : torch (CPU build, for the adapter), cuBLASLt headers (CUDA build, compile only here)
+set -euo pipefail
+
+APT_PACKAGES=(libyaml-cpp-dev libboost-dev doctest-dev)
+PIP_PINS=("nvidia-cublas==13.1.0.3")
+if [[ "${QRECIPE_SETUP_TORCH:-1}" == 1 ]]; then
+  PIP_PINS+=("torch==2.13.0" "pytest==8.3.3" "numpy>=1.26,<3")
+fi
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "[setup] apt-get install ${missing[*]}"
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+need_pip=()
+for pin in "${PIP_PINS[@]}"; do
+  name=${pin%%[=<>]*}
+  want=${pin#"$name"}
+  have=$($PY -c "import importlib.metadata as m; print(m.version('$name'))" 2>/dev/null || true)
+  if [[ -z "$have" ]]; then need_pip+=("$pin"); continue; fi
+  if [[ "$want" == ==* && "$have" != "${want#==}" ]]; then need_pip+=("$pin"); fi
+done
+if ((${#need_pip[@]})); then
+  echo "[setup] pip install ${need_pip[*]}"
+  $PY -m pip install -q --disable-pip-version-check "${need_pip[@]}"
+fi
+echo "[setup] ok"
