@@ -1,0 +1,504 @@
+// float8 format plugin: per-tensor FP8 (E4M3 / E5M2) with current or delayed scaling
+// (DESIGN.md section 7, "float8").
+//
+// Map of this file
+//   1. options: how the validated recipe options resolve (defaults, cross-option checks)
+//   2. Float8Quantizer: layout, compute_amax, quantize (CPU reference / CUDA kernels),
+//      dequantize, describe; then the option schema the engine validates recipes against
+//   3. QR_DEFINE_PLUGIN: the two exported symbols
+//
+// Layout, for a logical [rows, cols] tensor:
+//   rowwise     data e4m3|e5m2 [rows, cols]; scale_inv f32 [1] (QR_SCALE_TENSOR); amax f32
+//   columnwise  data e4m3|e5m2 [cols, rows] (data_transposed = 1) holding exactly the
+//               transpose of the rowwise bytes, with the same scale_inv and amax
+// The stored amax is the tensor's amax (or the caller-reduced one), before amax_epsilon.
+//
+// Options that do not apply to the chosen scaling are rejected instead of ignored, so a
+// recipe never silently carries a setting that has no effect:
+//   current only: pow2_scales, amax_epsilon
+//   delayed only: amax_history_len, amax_compute_algo, margin
+//
+// Delayed scaling: the quantizer asks the engine for a shared state (amax history + scale, in
+// host memory) when it is made. Each quantize uses the stored scale, writes 1/scale, and
+// max-accumulates the tensor amax into history row 0; Engine::update_scaling() rolls the
+// history and recomputes the scale between steps. A caller-reduced amax
+// (QuantizeOptions::amax) is what accumulates then. For CUDA tensors the state still lives in
+// host memory, which costs one device-to-host copy of the amax (a stream synchronization) per
+// quantize. Quantize calls of one delayed-scaling quantizer must not run concurrently: row 0
+// is updated with a plain read-modify-write.
+//
+// A caller-reduced amax under current scaling replaces the plugin's own amax pass. float8 has
+// one amax per tensor: it takes amax[0] (rowwise) when rowwise data is requested, else
+// amax[1]; compute_amax returns the same value in both.
+//
+// CUDA tensors run the kernels of float8_kernels.cu when the plugin is built with CUDA and are
+// an UNSUPPORTED error otherwise; they never fall back to the CPU reference. The kernels need
+// contiguous sources; the CPU reference reads any strided view.
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "float8_ref.hpp"
+#include "qrecipe/error.hpp"
+#include "qrecipe/plugin_abi.h"
+#include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/tensor.hpp"
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+#include "float8_kernels.hpp"
+#endif
+
+namespace qrecipe::float8 {
+namespace {
+
+// ---------------------------------------------------------------- 1. options
+
+constexpr const char* kScalingChoices[] = {"current", "delayed"};
+constexpr const char* kDTypeChoices[] = {"e4m3", "e5m2"};
+constexpr const char* kAlgoChoices[] = {"max", "most_recent"};
+
+// Option keys that only make sense for one kind of scaling.
+constexpr const char* kCurrentOnly[] = {"pow2_scales", "amax_epsilon"};
+constexpr const char* kDelayedOnly[] = {"amax_history_len", "amax_compute_algo", "margin"};
+
+constexpr std::int64_t kMaxHistoryLen = 65536;
+// exp2i(-margin) must stay a representable power of two: 2^-127 .. 2^127.
+constexpr std::int64_t kMaxAbsMargin = 127;
+
+enum class Scaling { current, delayed };
+
+struct Resolved {
+  Scaling scaling = Scaling::current;
+  qr_dtype dtype = QR_DTYPE_E4M3;
+  bool pow2_scales = false;
+  float amax_epsilon = 0.0f;
+  std::int32_t history_len = 1024;
+  bool most_recent = false;
+  std::int32_t margin = 0;
+};
+
+Resolved resolve_options(const sdk::Options& opts, const qr_role* role) {
+  Resolved r;
+  const std::string scaling = opts.get_string("scaling", "current");
+  QR_CHECK(scaling == "current" || scaling == "delayed", "float8 option scaling: '", scaling,
+           "' is not current or delayed");
+  r.scaling = scaling == "delayed" ? Scaling::delayed : Scaling::current;
+
+  // TE's HYBRID format: E4M3 for forward tensors, E5M2 for gradients.
+  const bool is_grad = role && role->tensor_type && std::string(role->tensor_type) == "grad_output";
+  const std::string dtype = opts.get_string("dtype", is_grad ? "e5m2" : "e4m3");
+  QR_CHECK(dtype == "e4m3" || dtype == "e5m2", "float8 option dtype: '", dtype,
+           "' is not e4m3 or e5m2");
+  r.dtype = dtype == "e5m2" ? QR_DTYPE_E5M2 : QR_DTYPE_E4M3;
+
+  const std::span<const char* const> not_here =
+      r.scaling == Scaling::current ? std::span<const char* const>(kDelayedOnly)
+                                    : std::span<const char* const>(kCurrentOnly);
+  for (const char* key : not_here)
+    QR_CHECK(!opts.has(key), "float8 option '", key, "' only applies to scaling: ",
+             r.scaling == Scaling::current ? "delayed" : "current", ", but this quantizer uses ",
+             scaling, " scaling; remove '", key, "' or set scaling: ",
+             r.scaling == Scaling::current ? "delayed" : "current");
+
+  r.pow2_scales = opts.get_bool("pow2_scales", false);
+  const double eps = opts.get_float("amax_epsilon", 0.0);
+  QR_CHECK(std::isfinite(eps) && eps >= 0.0 && eps <= 3.4028234663852886e38,
+           "float8 option amax_epsilon: ", eps, " is not a finite FP32 value >= 0");
+  r.amax_epsilon = static_cast<float>(eps);
+
+  const std::int64_t len = opts.get_int("amax_history_len", 1024);
+  QR_CHECK(len >= 1 && len <= kMaxHistoryLen, "float8 option amax_history_len: ", len,
+           " is outside 1..", kMaxHistoryLen);
+  r.history_len = static_cast<std::int32_t>(len);
+  const std::string algo = opts.get_string("amax_compute_algo", "max");
+  QR_CHECK(algo == "max" || algo == "most_recent", "float8 option amax_compute_algo: '", algo,
+           "' is not max or most_recent");
+  r.most_recent = algo == "most_recent";
+  const std::int64_t margin = opts.get_int("margin", 0);
+  QR_CHECK(margin >= -kMaxAbsMargin && margin <= kMaxAbsMargin, "float8 option margin: ",
+           margin, " is outside ", -kMaxAbsMargin, "..", kMaxAbsMargin);
+  r.margin = static_cast<std::int32_t>(margin);
+  return r;
+}
+
+// ---------------------------------------------------------------- 2. the quantizer
+
+const char* usage_name(std::uint32_t usage) {
+  switch (usage) {
+    case QR_USAGE_ROWWISE: return "rowwise";
+    case QR_USAGE_COLUMNWISE: return "columnwise";
+    case QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE: return "rowwise+columnwise";
+    default: return "no direction";
+  }
+}
+
+std::string device_str(const qr_device& d) {
+  return d.type == QR_DEVICE_CPU ? "cpu" : "cuda:" + std::to_string(d.index);
+}
+
+bool same_device(const qr_device& a, const qr_device& b) {
+  return a.type == b.type && (a.type == QR_DEVICE_CPU || a.index == b.index);
+}
+
+// The 2-D logical shape of a view: [prod(leading dims), last dim].
+std::int64_t view_rows(const qr_tensor_view& v) {
+  std::int64_t r = 1;
+  for (int d = 0; d + 1 < v.ndim; ++d) r *= v.shape[d];
+  return r;
+}
+std::int64_t view_cols(const qr_tensor_view& v) { return v.ndim == 0 ? 1 : v.shape[v.ndim - 1]; }
+
+class Float8Quantizer final : public sdk::QuantizerBase {
+ public:
+  Float8Quantizer(const qr_create_args& args, const sdk::Options& opts)
+      : o_(resolve_options(opts, args.role)) {
+    if (o_.scaling == Scaling::delayed) acquire_state(args);
+  }
+
+  qr_direction_layout layout(std::int64_t rows, std::int64_t cols,
+                             qr_direction direction) const override {
+    QR_CHECK(rows >= 0 && cols >= 0, "float8 layout: negative shape ", rows, " x ", cols);
+    qr_direction_layout l = sdk::empty_layout("float8");
+    const bool transposed = direction == QR_DIRECTION_COLUMNWISE;
+    l.data_dtype = o_.dtype;
+    l.data_ndim = 2;
+    l.data_shape[0] = transposed ? cols : rows;
+    l.data_shape[1] = transposed ? rows : cols;
+    l.data_transposed = transposed ? 1 : 0;
+    l.scale_mode = QR_SCALE_TENSOR;
+    l.scale_dtype = QR_DTYPE_F32;
+    l.scale_ndim = 1;
+    l.scale_shape[0] = 1;
+    l.scale_transposed = 0;
+    // One scale covers the whole tensor: the "block" is the tensor itself.
+    l.block_rows = 0;
+    l.block_cols = 0;
+    l.has_amax = 1;
+    return l;
+  }
+
+  void compute_amax(const qr_tensor_view& src, void* stream, float amax_out[2]) override {
+    const float a = tensor_amax(src, stream);
+    amax_out[0] = a;
+    amax_out[1] = a;
+  }
+
+  void quantize(const qr_tensor_view& src, const qr_quantize_args& args,
+                qr_quantized_tensor& dst) override {
+    QR_CHECK(args.struct_size >= sizeof(qr_quantize_args), "qr_quantize_args struct_size ",
+             args.struct_size, " is smaller than this plugin's ", sizeof(qr_quantize_args));
+    const std::uint32_t usage = args.usage;
+    QR_CHECK(usage != 0 && (usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0,
+             "float8 quantize: usage must be rowwise (1), columnwise (2) or both (3); got ",
+             usage);
+    QR_CHECK((dst.usage & usage) == usage, "float8 quantize: ", usage_name(usage),
+             " requested but the destination holds ", usage_name(dst.usage),
+             "; allocate the destination with the requested usage");
+    const std::int64_t rows = view_rows(src), cols = view_cols(src);
+    QR_CHECK(dst.rows == rows && dst.cols == cols, "float8 quantize: the source is ", rows,
+             " x ", cols, " (as 2-D) but the destination is ", dst.rows, " x ", dst.cols);
+    for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
+      if (usage & (d == QR_DIRECTION_ROWWISE ? QR_USAGE_ROWWISE : QR_USAGE_COLUMNWISE))
+        check_destination(direction_data(dst, d), d, rows, cols, src.device);
+
+    // A caller-reduced amax (TP/SP/FSDP), [rowwise, columnwise]. Both directions of float8
+    // share one scale, so the rowwise entry decides when rowwise data is requested.
+    const bool has_given = args.amax != nullptr;
+    const float given = !has_given ? 0.0f
+                        : (usage & QR_USAGE_ROWWISE) ? args.amax[0]
+                                                     : args.amax[1];
+    if (src.device.type == QR_DEVICE_CUDA) {
+      quantize_cuda(src, args, dst, has_given, given);
+      return;
+    }
+    QR_CHECK_CODE(src.device.type == QR_DEVICE_CPU, QR_STATUS_UNSUPPORTED,
+                  "float8 quantize: unknown device type ", src.device.type);
+    quantize_cpu(src, usage, dst, has_given ? given : ref::amax(src));
+  }
+
+  void dequantize(const qr_quantized_tensor& src, qr_direction direction,
+                  const qr_tensor_view& dst, void* stream) override {
+    const std::uint32_t bit =
+        direction == QR_DIRECTION_ROWWISE ? QR_USAGE_ROWWISE : QR_USAGE_COLUMNWISE;
+    const char* dir = direction == QR_DIRECTION_ROWWISE ? "rowwise" : "columnwise";
+    QR_CHECK(src.usage & bit, "float8 dequantize: the tensor holds ", usage_name(src.usage),
+             " data, not ", dir);
+    const qr_direction_data& dd = direction_data(src, direction);
+    const auto data_dtype = static_cast<qr_dtype>(dd.layout.data_dtype);
+    QR_CHECK(data_dtype == QR_DTYPE_E4M3 || data_dtype == QR_DTYPE_E5M2,
+             "float8 dequantize: ", dir, " data has dtype ", ref::dtype_str(data_dtype),
+             "; expected e4m3 or e5m2 (was it made by another format?)");
+    QR_CHECK(dd.scale_inv.data != nullptr, "float8 dequantize: ", dir, " data has no scale_inv");
+    QR_CHECK(dd.data.data != nullptr || src.rows * src.cols == 0, "float8 dequantize: ", dir,
+             " data pointer is null");
+    QR_CHECK(view_rows(dst) == src.rows && view_cols(dst) == src.cols,
+             "float8 dequantize: destination is ", view_rows(dst), " x ", view_cols(dst),
+             " (as 2-D) but the tensor is ", src.rows, " x ", src.cols);
+    QR_CHECK(TensorView(dst).is_contiguous(), "float8 dequantize: the destination must be "
+             "contiguous");
+    QR_CHECK(same_device(dd.data.device, dst.device), "float8 dequantize: data on ",
+             device_str(dd.data.device), " but the destination on ", device_str(dst.device));
+    const bool transposed = dd.layout.data_transposed != 0;
+    const auto dst_dtype = static_cast<qr_dtype>(dst.dtype);
+    if (dst.device.type == QR_DEVICE_CUDA) {
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+      cuda::dequantize(static_cast<const std::uint8_t*>(dd.data.data), data_dtype, transposed,
+                       src.rows, src.cols, static_cast<const float*>(dd.scale_inv.data), dst.data,
+                       dst_dtype, dst.device.index, stream);
+      return;
+#else
+      (void)stream;
+      throw_no_cuda("dequantize");
+#endif
+    }
+    ref::dequantize(static_cast<const std::uint8_t*>(dd.data.data), data_dtype, src.rows,
+                    src.cols, transposed, *static_cast<const float*>(dd.scale_inv.data),
+                    dst.data, dst_dtype);
+  }
+
+  std::string describe() const override {
+    std::ostringstream os;
+    os.precision(9);
+    os << "float8{scaling=" << (o_.scaling == Scaling::current ? "current" : "delayed")
+       << ", dtype=" << (o_.dtype == QR_DTYPE_E4M3 ? "e4m3" : "e5m2");
+    if (o_.scaling == Scaling::current)
+      os << ", pow2_scales=" << (o_.pow2_scales ? "true" : "false")
+         << ", amax_epsilon=" << o_.amax_epsilon;
+    else
+      os << ", amax_history_len=" << o_.history_len
+         << ", amax_compute_algo=" << (o_.most_recent ? "most_recent" : "max")
+         << ", margin=" << o_.margin;
+    os << "}";
+    return os.str();
+  }
+
+ private:
+  static const qr_direction_data& direction_data(const qr_quantized_tensor& t, qr_direction d) {
+    return d == QR_DIRECTION_ROWWISE ? t.rowwise : t.columnwise;
+  }
+  static qr_direction_data& direction_data(qr_quantized_tensor& t, qr_direction d) {
+    return d == QR_DIRECTION_ROWWISE ? t.rowwise : t.columnwise;
+  }
+
+  [[noreturn]] static void throw_no_cuda(const char* op) {
+    QR_THROW_CODE(QR_STATUS_UNSUPPORTED, "float8 ", op,
+                  ": the tensor is on a CUDA device but this float8 plugin was built without "
+                  "CUDA kernels; rebuild with -DQRECIPE_CUDA=ON, or move the tensor to the CPU "
+                  "(there is no silent CPU fallback)");
+  }
+
+  void acquire_state(const qr_create_args& args) {
+    const qr_host_api* host = sdk::host();
+    QR_CHECK(host != nullptr && host->scaling_state_acquire != nullptr,
+             "float8 delayed scaling needs the host's scaling_state_acquire");
+    QR_CHECK(args.ctx != nullptr, "float8 delayed scaling needs an engine context to own the "
+             "amax history; create the quantizer through qrecipe::Engine");
+    qr_scaling_request request{};
+    request.struct_size = sizeof(qr_scaling_request);
+    request.history_len = o_.history_len;
+    request.algo_most_recent = o_.most_recent ? 1 : 0;
+    request.margin = o_.margin;
+    request.fp8_max = ref::fp8_max(o_.dtype);
+    request.device = {QR_DEVICE_CPU, 0};  // the reference reads it; kernels get the value
+    state_.struct_size = sizeof(qr_scaling_state);
+    sdk::check_host(host->scaling_state_acquire(args.ctx, &request, &state_),
+                    "float8 delayed scaling: acquiring the amax history from the engine");
+    QR_CHECK_CODE(state_.amax_history != nullptr && state_.scale != nullptr &&
+                      state_.history_len == o_.history_len &&
+                      state_.device.type == QR_DEVICE_CPU,
+                  QR_STATUS_INTERNAL, "float8 delayed scaling: the engine returned a state "
+                  "with history_len ", state_.history_len, " on ", device_str(state_.device),
+                  "; expected ", o_.history_len, " on cpu");
+  }
+
+  float tensor_amax(const qr_tensor_view& src, void* stream) const {
+    if (src.device.type == QR_DEVICE_CUDA) {
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+      check_contiguous(src, "compute_amax");
+      return cuda::compute_amax_to_host(src.data, static_cast<qr_dtype>(src.dtype),
+                                        TensorView(src).numel(), src.device.index, stream);
+#else
+      (void)stream;
+      throw_no_cuda("compute_amax");
+#endif
+    }
+    return ref::amax(src);
+  }
+
+  static void check_contiguous(const qr_tensor_view& src, const char* op) {
+    QR_CHECK_CODE(TensorView(src).is_contiguous(), QR_STATUS_UNSUPPORTED, "float8 ", op,
+                  ": the CUDA kernels need a contiguous source, got shape ",
+                  TensorView(src).shape_str(), " with non-default strides; make it contiguous "
+                  "first (tensor.contiguous())");
+  }
+
+  void check_destination(const qr_direction_data& dd, qr_direction d, std::int64_t rows,
+                         std::int64_t cols, const qr_device& src_device) const {
+    const char* dir = d == QR_DIRECTION_ROWWISE ? "rowwise" : "columnwise";
+    const qr_direction_layout want = layout(rows, cols, d);
+    QR_CHECK(dd.data.dtype == want.data_dtype, "float8 quantize: ", dir, " data has dtype ",
+             ref::dtype_str(dd.data.dtype), " but this quantizer writes ",
+             ref::dtype_str(want.data_dtype), "; allocate it from this quantizer's layout");
+    QR_CHECK(TensorView(dd.data).numel() == rows * cols, "float8 quantize: ", dir, " data holds ",
+             TensorView(dd.data).numel(), " elements; expected ", rows * cols);
+    QR_CHECK(dd.data.data != nullptr || rows * cols == 0, "float8 quantize: ", dir,
+             " data pointer is null");
+    QR_CHECK(dd.scale_inv.data != nullptr && dd.amax.data != nullptr, "float8 quantize: ", dir,
+             " direction lacks its scale_inv or amax buffer; allocate it from the layout");
+    QR_CHECK(same_device(dd.data.device, src_device) &&
+                 same_device(dd.scale_inv.device, src_device) &&
+                 same_device(dd.amax.device, src_device),
+             "float8 quantize: the source is on ", device_str(src_device), " but the ", dir,
+             " buffers are on ", device_str(dd.data.device), "; allocate them on the source's "
+             "device");
+  }
+
+  // Delayed scaling: this quantize's amax joins the step's running max in history row 0.
+  void accumulate_amax(float amax) {
+    state_.amax_history[0] = std::fmax(state_.amax_history[0], amax);
+  }
+
+  void quantize_cpu(const qr_tensor_view& src, std::uint32_t usage, qr_quantized_tensor& dst,
+                    float amax) {
+    float scale;
+    if (o_.scaling == Scaling::current) {
+      scale = ref::current_scale(amax, o_.dtype, o_.pow2_scales, o_.amax_epsilon);
+    } else {
+      scale = *state_.scale;
+      accumulate_amax(amax);
+    }
+    const float scale_inv = 1.0f / scale;
+    const std::int64_t rows = dst.rows, cols = dst.cols;
+    std::vector<std::uint8_t> scratch;
+    const std::uint8_t* rowwise_bytes = nullptr;
+    if (usage & QR_USAGE_ROWWISE) {
+      auto* out = static_cast<std::uint8_t*>(dst.rowwise.data.data);
+      ref::quantize_rowwise(src, scale, o_.dtype, out);
+      rowwise_bytes = out;
+    }
+    if (usage & QR_USAGE_COLUMNWISE) {
+      if (!rowwise_bytes) {  // columnwise only: quantize rowwise into scratch, then transpose
+        scratch.resize(static_cast<std::size_t>(rows * cols));
+        ref::quantize_rowwise(src, scale, o_.dtype, scratch.data());
+        rowwise_bytes = scratch.data();
+      }
+      ref::transpose_bytes(rowwise_bytes, rows, cols,
+                           static_cast<std::uint8_t*>(dst.columnwise.data.data));
+    }
+    for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+      if (!(usage & (d == QR_DIRECTION_ROWWISE ? QR_USAGE_ROWWISE : QR_USAGE_COLUMNWISE)))
+        continue;
+      qr_direction_data& dd = direction_data(dst, d);
+      *static_cast<float*>(dd.scale_inv.data) = scale_inv;
+      *static_cast<float*>(dd.amax.data) = amax;
+    }
+  }
+
+  void quantize_cuda(const qr_tensor_view& src, const qr_quantize_args& args,
+                     qr_quantized_tensor& dst, bool has_given, float given) {
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    check_contiguous(src, "quantize");
+    const std::uint32_t usage = args.usage;
+    const int device = src.device.index;
+    const bool rowwise = (usage & QR_USAGE_ROWWISE) != 0;
+    const bool columnwise = (usage & QR_USAGE_COLUMNWISE) != 0;
+    float* amax_row = rowwise ? static_cast<float*>(dst.rowwise.amax.data) : nullptr;
+    float* amax_col = columnwise ? static_cast<float*>(dst.columnwise.amax.data) : nullptr;
+    // The amax is produced in one direction's buffer and mirrored into the other.
+    float* amax_main = rowwise ? amax_row : amax_col;
+
+    cuda::CastTransposeArgs a;
+    a.src = src.data;
+    a.src_dtype = static_cast<qr_dtype>(src.dtype);
+    a.rows = dst.rows;
+    a.cols = dst.cols;
+    a.data_dtype = o_.dtype;
+    a.rowwise = rowwise ? static_cast<std::uint8_t*>(dst.rowwise.data.data) : nullptr;
+    a.columnwise = columnwise ? static_cast<std::uint8_t*>(dst.columnwise.data.data) : nullptr;
+    a.rowwise_scale_inv = rowwise ? static_cast<float*>(dst.rowwise.scale_inv.data) : nullptr;
+    a.columnwise_scale_inv =
+        columnwise ? static_cast<float*>(dst.columnwise.scale_inv.data) : nullptr;
+    a.device_index = device;
+    a.stream = args.stream;
+
+    if (o_.scaling == Scaling::current) {
+      if (has_given) {
+        cuda::fill_scalar(amax_main, given, device, args.stream);
+        a.scale.scale = ref::current_scale(given, o_.dtype, o_.pow2_scales, o_.amax_epsilon);
+      } else {
+        // amax pass, then the cast derives the scale from it on the device (no host sync).
+        cuda::compute_amax(src.data, a.src_dtype, TensorView(src).numel(), amax_main, device,
+                           args.stream);
+        a.scale.device_amax = amax_main;
+        a.scale.fmax = ref::fp8_max(o_.dtype);
+        a.scale.pow2_scales = o_.pow2_scales;
+        a.scale.amax_epsilon = o_.amax_epsilon;
+      }
+      cuda::cast_transpose(a);
+    } else {
+      a.scale.scale = *state_.scale;
+      if (has_given) {
+        cuda::fill_scalar(amax_main, given, device, args.stream);
+        cuda::cast_transpose(a);
+        accumulate_amax(given);
+      } else {
+        // The cast observes the amax while it runs; the history lives on the host.
+        cuda::fill_scalar(amax_main, 0.0f, device, args.stream);
+        a.amax_accumulate = amax_main;
+        cuda::cast_transpose(a);
+        accumulate_amax(cuda::read_scalar(amax_main, device, args.stream));
+      }
+    }
+    if (rowwise && columnwise) cuda::copy_scalar(amax_col, amax_row, device, args.stream);
+#else
+    (void)src;
+    (void)args;
+    (void)dst;
+    (void)has_given;
+    (void)given;
+    throw_no_cuda("quantize");
+#endif
+  }
+
+  Resolved o_;
+  qr_scaling_state state_{};  // delayed scaling only; owned by the engine
+};
+
+// ---------------------------------------------------------------- option schema
+
+constexpr qr_option_schema kSchema[] = {
+    sdk::option_enum("scaling", "current", kScalingChoices,
+                     "current: scale from this tensor's amax; delayed: scale from the amax "
+                     "history of previous steps"),
+    sdk::option_enum("dtype", "e4m3 (e5m2 for grad_output)", kDTypeChoices,
+                     "FP8 element type (E4M3 max 448, E5M2 max 57344)"),
+    sdk::option_bool("pow2_scales", "false",
+                     "current scaling: round the scale down to a power of two"),
+    sdk::option_float("amax_epsilon", "0", 0.0, 3.4028234663852886e38,
+                      "current scaling: amaxes below this are raised to it before the scale is "
+                      "computed"),
+    sdk::option_int("amax_history_len", "1024", 1, static_cast<double>(kMaxHistoryLen),
+                    "delayed scaling: steps of amax history"),
+    sdk::option_enum("amax_compute_algo", "max", kAlgoChoices,
+                     "delayed scaling: amax from the max over the history or the most recent"),
+    sdk::option_int("margin", "0", -static_cast<double>(kMaxAbsMargin),
+                    static_cast<double>(kMaxAbsMargin),
+                    "delayed scaling: scale = (fp8_max * 2^-margin) / amax"),
+};
+
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+constexpr std::uint32_t kDevices = (1u << QR_DEVICE_CPU) | (1u << QR_DEVICE_CUDA);
+#else
+constexpr std::uint32_t kDevices = 1u << QR_DEVICE_CPU;
+#endif
+
+}  // namespace
+}  // namespace qrecipe::float8
+
+// ---------------------------------------------------------------- 3. exported symbols
+
+QR_DEFINE_PLUGIN(qrecipe::float8::Float8Quantizer, "float8", "1.0.0",
+                 "per-tensor FP8 (E4M3/E5M2), current or delayed scaling",
+                 qrecipe::float8::kSchema, qrecipe::float8::kDevices)

@@ -1,0 +1,75 @@
+// CUDA entry points of the float8 format (implemented in float8_kernels.cu, compiled only when
+// the plugin is built with CUDA: QRECIPE_PLUGIN_HAS_CUDA). This header uses no CUDA types so
+// float8.cpp, compiled by the host compiler, can call it.
+//
+// Every entry:
+//   - takes device pointers for tensor data and for the scalars it writes (scale_inv, amax),
+//   - runs asynchronously on `stream` (a cudaStream_t; NULL = the legacy default stream),
+//     except where it says it synchronizes,
+//   - makes `device_index` current for the call and restores the previous device after,
+//   - throws qrecipe::Error (QR_STATUS_DEVICE_ERROR) naming the CUDA call that failed.
+// Sources must be contiguous (row-major [rows, cols]); float8.cpp checks that first.
+// The bytes, scale_inv and amax written are bit-identical to float8_ref.cpp.
+#pragma once
+
+#include <cstdint>
+
+#include "qrecipe/plugin_abi.h"
+
+namespace qrecipe::float8::cuda {
+
+// Where the per-tensor scale of a cast comes from.
+struct ScaleSource {
+  // Current scaling: a device pointer to the tensor amax; each block computes
+  // scale = scale_from_amax(*amax, fmax, pow2_scales, amax_epsilon) on the device, so no host
+  // round trip is needed. nullptr: use `scale` below.
+  const float* device_amax = nullptr;
+  float fmax = 448.0f;
+  bool pow2_scales = false;
+  float amax_epsilon = 0.0f;
+  // Delayed scaling (or a caller-reduced amax turned into a scale on the host).
+  float scale = 1.0f;
+};
+
+struct CastTransposeArgs {
+  const void* src = nullptr;       // device, contiguous [rows, cols]
+  qr_dtype src_dtype = QR_DTYPE_F32;  // f32, bf16 or f16
+  std::int64_t rows = 0, cols = 0;
+  qr_dtype data_dtype = QR_DTYPE_E4M3;  // e4m3 or e5m2
+  std::uint8_t* rowwise = nullptr;      // [rows, cols] or nullptr (not requested)
+  std::uint8_t* columnwise = nullptr;   // [cols, rows] or nullptr (not requested)
+  float* rowwise_scale_inv = nullptr;    // [1]: receives 1/scale, or nullptr
+  float* columnwise_scale_inv = nullptr; // [1]: receives 1/scale, or nullptr
+  // Optional: max |x| over the tensor is atomically max-accumulated here (delayed scaling
+  // observes the amax while it casts). Must hold a non-negative value before the call.
+  float* amax_accumulate = nullptr;
+  ScaleSource scale;
+  int device_index = 0;
+  void* stream = nullptr;
+};
+
+// *amax_out = max |x| over src (NaN ignored); the buffer is zeroed first, then reduced into.
+void compute_amax(const void* src, qr_dtype src_dtype, std::int64_t numel, float* amax_out,
+                  int device_index, void* stream);
+
+// Same, returned to the host. Synchronizes `stream` (uses a temporary device float).
+float compute_amax_to_host(const void* src, qr_dtype src_dtype, std::int64_t numel,
+                           int device_index, void* stream);
+
+// Fused cast (+ transpose): reads src once, writes the rowwise and/or the columnwise bytes and
+// the scale_inv of each requested direction. Works for empty tensors (only scalars written).
+void cast_transpose(const CastTransposeArgs& args);
+
+// dst[r][c] = decode(data) * (*scale_inv) rounded to dst_dtype (f32, bf16, f16); data is
+// [rows, cols], or [cols, rows] when `transposed`. dst is contiguous [rows, cols].
+void dequantize(const std::uint8_t* data, qr_dtype data_dtype, bool transposed,
+                std::int64_t rows, std::int64_t cols, const float* scale_inv, void* dst,
+                qr_dtype dst_dtype, int device_index, void* stream);
+
+// Small scalar helpers on device floats (stream-ordered).
+void fill_scalar(float* dst, float value, int device_index, void* stream);
+void copy_scalar(float* dst, const float* src, int device_index, void* stream);
+// Copies one device float to the host and synchronizes `stream`.
+float read_scalar(const float* src, int device_index, void* stream);
+
+}  // namespace qrecipe::float8::cuda
