@@ -1,0 +1,248 @@
+// The blockwise format plugin: entry point (C descriptor) and the host-side quantizer.
+//
+// blockwise = FP8 E4M3 data with one FP32 scale per 1x128 block or 128x128 tile (DeepSeek-V3
+// style, TransformerEngine's Float8BlockScaling). Numerics and layouts: blockwise_ref.hpp.
+//
+// Options (validated by the engine against kSchema before the plugin sees them):
+//   block        1x128 | 128x128   default by role: 128x128 for tensor_type "weight",
+//                                  1x128 for everything else (input, grad_output, no role);
+//                                  TE's defaults (w_block_scaling_dim=2, x/grad = 1)
+//   pow2_scales  bool, default true (TE's default; rounds every scale down to 2^k)
+//   amax_epsilon float >= 0, default 0 (block amaxes below it are raised to it)
+//
+// Devices: the CPU reference only. CUDA tensors are refused with QR_STATUS_UNSUPPORTED; there
+// is no silent fallback to the reference for device memory.
+//
+// Scaling is local to each block, so a caller-reduced tensor amax (qr_quantize_args::amax,
+// for TP/SP/FSDP) plays no role here and is ignored; compute_amax still reports the tensor
+// amax (max |x|, NaN ignored) in both slots for callers that want it.
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "blockwise_ref.hpp"
+#include "qrecipe/error.hpp"
+#include "qrecipe/plugin_abi.h"
+#include "qrecipe/plugin_sdk.hpp"
+
+namespace qrecipe::blockwise {
+namespace {
+
+constexpr const char* kFormat = "blockwise";
+
+const char* direction_name_of(qr_direction d) {
+  return d == QR_DIRECTION_ROWWISE ? "rowwise" : "columnwise";
+}
+
+std::uint32_t usage_bit_of(qr_direction d) {
+  return d == QR_DIRECTION_ROWWISE ? QR_USAGE_ROWWISE : QR_USAGE_COLUMNWISE;
+}
+
+const char* const kBlockChoices[] = {"1x128", "128x128"};
+
+const qr_option_schema kSchema[] = {
+    sdk::option_enum("block", "1x128 (128x128 for the weight role)", kBlockChoices,
+                     "block shape: 1x128 (one scale per 128 elements of a row) or 128x128 "
+                     "(one scale per tile; the columnwise copy is the transpose)"),
+    sdk::option_bool("pow2_scales", "true",
+                     "round every block scale down to a power of two (TE's default)"),
+    sdk::option_float("amax_epsilon", "0", 0.0, FLT_MAX,
+                      "lower bound applied to every block amax before the scale is computed"),
+};
+
+[[noreturn]] void refuse_cuda(const char* what, const qr_device& device) {
+  QR_THROW_CODE(QR_STATUS_UNSUPPORTED, "blockwise CUDA kernels are not built yet: ", what,
+                " got a tensor on cuda:", device.index,
+                ". Quantize on the CPU (the reference path) or use a format with CUDA kernels "
+                "for device tensors");
+}
+
+void require_cpu(const char* what, const qr_device& device) {
+  if (device.type != QR_DEVICE_CPU) refuse_cuda(what, device);
+}
+
+bool same_layout(const qr_direction_layout& a, const qr_direction_layout& b) {
+  return a.data_dtype == b.data_dtype && a.data_shape[0] == b.data_shape[0] &&
+         a.data_shape[1] == b.data_shape[1] && a.data_transposed == b.data_transposed &&
+         a.scale_mode == b.scale_mode && a.scale_dtype == b.scale_dtype &&
+         a.scale_shape[0] == b.scale_shape[0] && a.scale_shape[1] == b.scale_shape[1] &&
+         a.scale_transposed == b.scale_transposed && a.block_rows == b.block_rows &&
+         a.block_cols == b.block_cols;
+}
+
+std::string layout_str(const qr_direction_layout& l) {
+  std::ostringstream os;
+  os << "block " << l.block_rows << "x" << l.block_cols << ", data [" << l.data_shape[0] << ", "
+     << l.data_shape[1] << "], scales [" << l.scale_shape[0] << ", " << l.scale_shape[1] << "]";
+  return os.str();
+}
+
+const qr_direction_data& direction_data(const qr_quantized_tensor& t, qr_direction d) {
+  return d == QR_DIRECTION_ROWWISE ? t.rowwise : t.columnwise;
+}
+
+// The logical 2-D shape of a view: [prod(leading dims), last dim]; 0-D is [1, 1].
+void logical_shape(const qr_tensor_view& v, std::int64_t& rows, std::int64_t& cols) {
+  rows = 1;
+  cols = v.ndim == 0 ? 1 : v.shape[v.ndim - 1];
+  for (int d = 0; d + 1 < v.ndim; ++d) rows *= v.shape[d];
+}
+
+// The block shape a stored direction was quantized with, from its layout.
+ref::BlockShape block_of(const qr_direction_layout& l, qr_direction d) {
+  if (l.block_rows == ref::kBlock && l.block_cols == ref::kBlock) return ref::BlockShape::k128x128;
+  const bool is_1x128 = d == QR_DIRECTION_ROWWISE
+                            ? (l.block_rows == 1 && l.block_cols == ref::kBlock)
+                            : (l.block_rows == ref::kBlock && l.block_cols == 1);
+  QR_CHECK(is_1x128, "blockwise ", direction_name_of(d), " data has block ", l.block_rows, "x",
+           l.block_cols, "; expected 1x128 (rowwise), 128x1 (columnwise) or 128x128");
+  return ref::BlockShape::k1x128;
+}
+
+}  // namespace
+
+class BlockwiseQuantizer final : public sdk::QuantizerBase {
+ public:
+  BlockwiseQuantizer(const qr_create_args& args, const sdk::Options& opts) {
+    const std::string tensor_type =
+        args.role && args.role->tensor_type ? args.role->tensor_type : "";
+    if (opts.has("block")) {
+      const std::string block = opts.get_string("block", "1x128");
+      QR_CHECK(block == "1x128" || block == "128x128", "blockwise option block = '", block,
+               "'; expected 1x128 or 128x128");
+      params_.block = block == "1x128" ? ref::BlockShape::k1x128 : ref::BlockShape::k128x128;
+    } else {
+      // TE's Float8BlockScaling: weights use 128x128 tiles, activations and gradients 1x128.
+      params_.block = tensor_type == "weight" ? ref::BlockShape::k128x128 : ref::BlockShape::k1x128;
+      block_from_role_ = true;
+    }
+    params_.pow2_scales = opts.get_bool("pow2_scales", true);
+    const double eps = opts.get_float("amax_epsilon", 0.0);
+    QR_CHECK(std::isfinite(eps) && eps >= 0.0 && eps <= FLT_MAX, "blockwise option amax_epsilon = ",
+             eps, "; expected a finite value >= 0");
+    params_.amax_epsilon = static_cast<float>(eps);
+  }
+
+  qr_direction_layout layout(std::int64_t rows, std::int64_t cols,
+                             qr_direction direction) const override {
+    return ref::layout(rows, cols, params_.block, direction);
+  }
+
+  void compute_amax(const qr_tensor_view& src, void* /*stream*/, float amax_out[2]) override {
+    require_cpu("compute_amax", src.device);
+    const float amax = ref::tensor_amax(ref::load_f32(src));
+    amax_out[0] = amax;
+    amax_out[1] = amax;
+  }
+
+  void quantize(const qr_tensor_view& src, const qr_quantize_args& args,
+                qr_quantized_tensor& dst) override {
+    require_cpu("quantize", src.device);
+    QR_CHECK(args.usage != 0 && (args.usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0,
+             "blockwise quantize: usage must be rowwise (1), columnwise (2) or both, got ",
+             args.usage);
+    QR_CHECK((args.usage & ~dst.usage) == 0, "blockwise quantize: usage ", args.usage,
+             " asks for a direction the destination does not hold (it holds ", dst.usage,
+             "); allocate it with that usage");
+    std::int64_t rows = 0, cols = 0;
+    logical_shape(src, rows, cols);
+    QR_CHECK(rows == dst.rows && cols == dst.cols, "blockwise quantize: source is ", rows, "x",
+             cols, " (as 2-D) but the destination is ", dst.rows, "x", dst.cols);
+    for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
+      if (args.usage & usage_bit_of(d)) check_destination(direction_data(dst, d), rows, cols, d);
+
+    const std::vector<float> x = ref::load_f32(src);
+    const auto src_dtype = static_cast<qr_dtype>(src.dtype);
+    for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+      if (!(args.usage & usage_bit_of(d))) continue;
+      const qr_direction_data& dd = direction_data(dst, d);
+      ref::quantize(x, rows, cols, params_, src_dtype, d, static_cast<std::uint8_t*>(dd.data.data),
+                    static_cast<float*>(dd.scale_inv.data));
+    }
+  }
+
+  void dequantize(const qr_quantized_tensor& src, qr_direction direction,
+                  const qr_tensor_view& dst, void* /*stream*/) override {
+    QR_CHECK(src.usage & usage_bit_of(direction), "blockwise dequantize: the tensor has no ",
+             direction_name_of(direction), " data; quantize with that usage");
+    const qr_direction_data& dd = direction_data(src, direction);
+    require_cpu("dequantize (quantized data)", dd.data.device);
+    require_cpu("dequantize (destination)", dst.device);
+    // Decode with the block shape the tensor was made with (it may come from another
+    // blockwise quantizer, e.g. an FSDP gather), after checking its buffers agree with it.
+    const ref::BlockShape block = block_of(dd.layout, direction);
+    const qr_direction_layout expected = ref::layout(src.rows, src.cols, block, direction);
+    QR_CHECK(same_layout(dd.layout, expected), "blockwise dequantize: the ",
+             direction_name_of(direction), " layout of this ", src.rows, "x", src.cols,
+             " tensor is (", layout_str(dd.layout), ") but blockwise ",
+             ref::block_shape_name(block), " needs (", layout_str(expected), ")");
+    std::int64_t rows = 0, cols = 0;
+    logical_shape(dst, rows, cols);
+    QR_CHECK(rows == src.rows && cols == src.cols, "blockwise dequantize: destination is ", rows,
+             "x", cols, " but the tensor is ", src.rows, "x", src.cols);
+    check_contiguous(dst, "dequantize destination");
+    if (rows == 0 || cols == 0) return;
+    QR_CHECK(dd.data.data && dd.scale_inv.data && dst.data,
+             "blockwise dequantize: a data, scale_inv or destination pointer is null");
+    ref::dequantize(static_cast<const std::uint8_t*>(dd.data.data),
+                    static_cast<const float*>(dd.scale_inv.data), rows, cols, block, direction,
+                    dst.data, static_cast<qr_dtype>(dst.dtype));
+  }
+
+  std::string describe() const override {
+    std::ostringstream os;
+    os.precision(9);
+    os << kFormat << "{block=" << ref::block_shape_name(params_.block)
+       << (block_from_role_ ? " (role default)" : "")
+       << ", pow2_scales=" << (params_.pow2_scales ? "true" : "false")
+       << ", amax_epsilon=" << params_.amax_epsilon << "}";
+    return os.str();
+  }
+
+ private:
+  static void check_contiguous(const qr_tensor_view& v, const char* what) {
+    std::int64_t expected = 1;
+    for (int d = v.ndim - 1; d >= 0; --d) {
+      QR_CHECK(v.shape[d] == 1 || v.strides[d] == expected, "blockwise ", what,
+               " must be contiguous (row-major); dimension ", d, " has stride ", v.strides[d],
+               ", expected ", expected);
+      expected *= v.shape[d];
+    }
+  }
+
+  // The destination of one direction must be what layout() describes for this quantizer:
+  // a tensor made by a quantizer with another block shape cannot be requantized in place.
+  void check_destination(const qr_direction_data& dd, std::int64_t rows, std::int64_t cols,
+                         qr_direction d) const {
+    const qr_direction_layout expected = layout(rows, cols, d);
+    QR_CHECK(same_layout(dd.layout, expected), "blockwise quantize: the ", direction_name_of(d),
+             " destination has (", layout_str(dd.layout), ") but this quantizer (block ",
+             ref::block_shape_name(params_.block), ") writes (", layout_str(expected),
+             "); allocate the destination from this quantizer's layout");
+    require_cpu("quantize (destination data)", dd.data.device);
+    require_cpu("quantize (destination scale_inv)", dd.scale_inv.device);
+    const std::int64_t data_bytes = expected.data_shape[0] * expected.data_shape[1];
+    QR_CHECK(data_bytes == 0 || (dd.data.data != nullptr && dd.scale_inv.data != nullptr),
+             "blockwise quantize: the ", direction_name_of(d),
+             " destination has no data or scale_inv buffer");
+    QR_CHECK(dd.data.dtype == QR_DTYPE_E4M3 && dd.scale_inv.dtype == QR_DTYPE_F32,
+             "blockwise quantize: the ", direction_name_of(d), " destination buffers are ",
+             ref::dtype_str(dd.data.dtype), " data and ", ref::dtype_str(dd.scale_inv.dtype),
+             " scales; expected e4m3 and f32");
+    check_contiguous(dd.data, "destination data");
+    check_contiguous(dd.scale_inv, "destination scale_inv");
+  }
+
+  ref::Params params_;
+  bool block_from_role_ = false;
+};
+
+}  // namespace qrecipe::blockwise
+
+QR_DEFINE_PLUGIN(qrecipe::blockwise::BlockwiseQuantizer, "blockwise", "1.0.0",
+                 "FP8 E4M3 with one FP32 scale per 1x128 block or 128x128 tile (DeepSeek-style)",
+                 qrecipe::blockwise::kSchema, 1u << QR_DEVICE_CPU)

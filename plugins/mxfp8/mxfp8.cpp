@@ -1,0 +1,241 @@
+// mxfp8 format plugin: OCP MX FP8 with TransformerEngine's numerics. Blocks of 32 elements
+// share one E8M0 (power-of-two) scale (DESIGN.md section 7, "mxfp8"; the rules themselves are
+// in mxfp8_ref.hpp).
+//
+// Map of this file
+//   1. the option schema (dtype only)
+//   2. Mxfp8Quantizer: layout, compute_amax, quantize, dequantize, describe
+//   3. QR_DEFINE_PLUGIN: the two exported symbols
+//
+// Layout, for a logical [rows, cols] = [M, K] tensor:
+//   rowwise     data e4m3|e5m2 [M, K]; scale_inv e8m0 [roundup(M,128), roundup(ceil(K/32),4)];
+//               blocks 1 x 32 (QR_SCALE_BLOCK); no amax
+//   columnwise  data e4m3|e5m2 [M, K] (NOT transposed); scale_inv e8m0
+//               [roundup(ceil(M/32),4), roundup(K,128)]; blocks 32 x 1; no amax
+// Scales are stored compact (row-major) with zero padding; the 128x4 swizzle cuBLASLt wants is
+// applied when a GEMM prepares its operands. Both directions are quantized independently
+// from the source.
+//
+// mxfp8 has no tensor-level scale, so a caller-reduced amax (qr_quantize_args::amax) has
+// nothing to feed and is ignored; compute_amax still reports max |x| for callers that log it.
+//
+// CUDA tensors are an UNSUPPORTED error ("mxfp8 CUDA kernels are not built yet"): the kernels
+// come later, and a device tensor never falls back to the CPU reference. The descriptor
+// declares the CPU only, so the engine normally refuses a device tensor before this plugin
+// runs; the checks here guard callers that reach the C table directly.
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "mxfp8_ref.hpp"
+#include "qrecipe/error.hpp"
+#include "qrecipe/plugin_abi.h"
+#include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/tensor.hpp"
+
+namespace qrecipe::mxfp8 {
+namespace {
+
+// ---------------------------------------------------------------- 1. options
+
+constexpr const char* kDTypeChoices[] = {"e4m3", "e5m2"};
+
+constexpr qr_option_schema kSchema[] = {
+    sdk::option_enum("dtype", "e4m3", kDTypeChoices,
+                     "FP8 element type (E4M3 max 448, E5M2 max 57344); the block scale is "
+                     "E8M0 either way"),
+};
+
+qr_dtype resolve_dtype(const sdk::Options& opts) {
+  const std::string dtype = opts.get_string("dtype", "e4m3");
+  QR_CHECK(dtype == "e4m3" || dtype == "e5m2", "mxfp8 option dtype: '", dtype,
+           "' is not e4m3 or e5m2");
+  return dtype == "e5m2" ? QR_DTYPE_E5M2 : QR_DTYPE_E4M3;
+}
+
+// ---------------------------------------------------------------- 2. the quantizer
+
+const char* direction_str(qr_direction d) {
+  return d == QR_DIRECTION_ROWWISE ? "rowwise" : "columnwise";
+}
+std::uint32_t usage_bit(qr_direction d) {
+  return d == QR_DIRECTION_ROWWISE ? QR_USAGE_ROWWISE : QR_USAGE_COLUMNWISE;
+}
+const char* usage_name(std::uint32_t usage) {
+  switch (usage) {
+    case QR_USAGE_ROWWISE: return "rowwise";
+    case QR_USAGE_COLUMNWISE: return "columnwise";
+    case QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE: return "rowwise+columnwise";
+    default: return "no direction";
+  }
+}
+
+// The 2-D logical shape of a view: [prod(leading dims), last dim].
+std::int64_t view_rows(const qr_tensor_view& v) {
+  std::int64_t r = 1;
+  for (int d = 0; d + 1 < v.ndim; ++d) r *= v.shape[d];
+  return r;
+}
+std::int64_t view_cols(const qr_tensor_view& v) { return v.ndim == 0 ? 1 : v.shape[v.ndim - 1]; }
+
+// Every entry point calls this for each tensor it touches: no silent CPU fallback.
+void require_cpu(const qr_device& device, const char* op, const char* what) {
+  QR_CHECK_CODE(device.type != QR_DEVICE_CUDA, QR_STATUS_UNSUPPORTED,
+                "mxfp8 CUDA kernels are not built yet: mxfp8 ", op, " got ", what,
+                " on cuda:", device.index, ". Quantize on the CPU (the reference path) or use "
+                "a format with CUDA kernels (float8) for device tensors");
+  QR_CHECK_CODE(device.type == QR_DEVICE_CPU, QR_STATUS_UNSUPPORTED, "mxfp8 ", op, ": ", what,
+                " is on unknown device type ", device.type);
+}
+
+class Mxfp8Quantizer final : public sdk::QuantizerBase {
+ public:
+  Mxfp8Quantizer(const qr_create_args&, const sdk::Options& opts)
+      : data_dtype_(resolve_dtype(opts)) {}
+
+  qr_direction_layout layout(std::int64_t rows, std::int64_t cols,
+                             qr_direction direction) const override {
+    QR_CHECK(rows >= 0 && cols >= 0, "mxfp8 layout: negative shape ", rows, " x ", cols);
+    const bool rowwise = direction == QR_DIRECTION_ROWWISE;
+    const ref::ScaleShape s =
+        rowwise ? ref::rowwise_scale_shape(rows, cols) : ref::columnwise_scale_shape(rows, cols);
+    qr_direction_layout l = sdk::empty_layout("mxfp8");
+    l.data_dtype = data_dtype_;
+    l.data_ndim = 2;
+    l.data_shape[0] = rows;  // both directions keep the logical [M, K] order
+    l.data_shape[1] = cols;
+    l.data_transposed = 0;
+    l.scale_mode = QR_SCALE_BLOCK;
+    l.scale_dtype = QR_DTYPE_E8M0;
+    l.scale_ndim = 2;
+    l.scale_shape[0] = s.rows;
+    l.scale_shape[1] = s.cols;
+    l.scale_transposed = 0;
+    l.block_rows = rowwise ? 1 : static_cast<std::int32_t>(ref::kBlockSize);
+    l.block_cols = rowwise ? static_cast<std::int32_t>(ref::kBlockSize) : 1;
+    l.has_amax = 0;
+    return l;
+  }
+
+  void compute_amax(const qr_tensor_view& src, void*, float amax_out[2]) override {
+    require_cpu(src.device, "compute_amax", "the source");
+    const float a = ref::amax(src);
+    amax_out[0] = a;  // both directions see the same elements
+    amax_out[1] = a;
+  }
+
+  void quantize(const qr_tensor_view& src, const qr_quantize_args& args,
+                qr_quantized_tensor& dst) override {
+    QR_CHECK(args.struct_size >= sizeof(qr_quantize_args), "qr_quantize_args struct_size ",
+             args.struct_size, " is smaller than this plugin's ", sizeof(qr_quantize_args));
+    const std::uint32_t usage = args.usage;
+    QR_CHECK(usage != 0 && (usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0,
+             "mxfp8 quantize: usage must be rowwise (1), columnwise (2) or both (3); got ", usage);
+    QR_CHECK((dst.usage & usage) == usage, "mxfp8 quantize: ", usage_name(usage),
+             " requested but the destination holds ", usage_name(dst.usage),
+             "; allocate the destination with the requested usage");
+    require_cpu(src.device, "quantize", "the source");
+    const std::int64_t rows = view_rows(src), cols = view_cols(src);
+    QR_CHECK(dst.rows == rows && dst.cols == cols, "mxfp8 quantize: the source is ", rows, " x ",
+             cols, " (as 2-D) but the destination is ", dst.rows, " x ", dst.cols);
+    for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+      if (!(usage & usage_bit(d))) continue;
+      qr_direction_data& dd = direction_data(dst, d);
+      check_buffers(dd, d, rows, cols, data_dtype_, "quantize");
+      ref::quantize(src, d, data_dtype_, static_cast<std::uint8_t*>(dd.data.data),
+                    static_cast<std::uint8_t*>(dd.scale_inv.data), dd.scale_inv.shape[1]);
+    }
+  }
+
+  void dequantize(const qr_quantized_tensor& src, qr_direction direction,
+                  const qr_tensor_view& dst, void*) override {
+    const char* dir = direction_str(direction);
+    QR_CHECK(src.usage & usage_bit(direction), "mxfp8 dequantize: the tensor holds ",
+             usage_name(src.usage), " data, not ", dir);
+    const qr_direction_data& dd = direction_data(src, direction);
+    const auto data_dtype = static_cast<qr_dtype>(dd.data.dtype);
+    QR_CHECK(data_dtype == QR_DTYPE_E4M3 || data_dtype == QR_DTYPE_E5M2, "mxfp8 dequantize: ",
+             dir, " data has dtype ", ref::dtype_str(data_dtype),
+             "; expected e4m3 or e5m2 (was it made by another format?)");
+    // Decode with the dtype the data was made with, which may differ from this quantizer's.
+    QR_CHECK(dd.layout.data_transposed == 0 && dd.layout.scale_mode == QR_SCALE_BLOCK &&
+                 dd.scale_inv.dtype == QR_DTYPE_E8M0,
+             "mxfp8 dequantize: ", dir, " data is not in the mxfp8 layout (transposed ",
+             dd.layout.data_transposed, ", scale mode ", dd.layout.scale_mode, ", scale dtype ",
+             ref::dtype_str(dd.scale_inv.dtype), "); was it made by another format?");
+    check_buffers(dd, direction, src.rows, src.cols, data_dtype, "dequantize");
+    require_cpu(dst.device, "dequantize", "the destination");
+    const auto dst_dtype = static_cast<qr_dtype>(dst.dtype);
+    QR_CHECK_CODE(dst_dtype == QR_DTYPE_F32 || dst_dtype == QR_DTYPE_BF16, QR_STATUS_UNSUPPORTED,
+                  "mxfp8 dequantize: the destination must be f32 or bf16; got ",
+                  ref::dtype_str(dst_dtype));
+    QR_CHECK(view_rows(dst) == src.rows && view_cols(dst) == src.cols,
+             "mxfp8 dequantize: destination is ", view_rows(dst), " x ", view_cols(dst),
+             " (as 2-D) but the tensor is ", src.rows, " x ", src.cols);
+    QR_CHECK(TensorView(dst).is_contiguous(),
+             "mxfp8 dequantize: the destination must be contiguous");
+    QR_CHECK(dst.data != nullptr || src.rows * src.cols == 0,
+             "mxfp8 dequantize: the destination has no data pointer");
+    ref::dequantize(static_cast<const std::uint8_t*>(dd.data.data),
+                    static_cast<const std::uint8_t*>(dd.scale_inv.data), dd.scale_inv.shape[1],
+                    data_dtype, direction, src.rows, src.cols, dst.data, dst_dtype);
+  }
+
+  std::string describe() const override {
+    std::ostringstream os;
+    os << "mxfp8{dtype=" << (data_dtype_ == QR_DTYPE_E4M3 ? "e4m3" : "e5m2")
+       << ", block=" << ref::kBlockSize << ", scale=e8m0}";
+    return os.str();
+  }
+
+ private:
+  static const qr_direction_data& direction_data(const qr_quantized_tensor& t, qr_direction d) {
+    return d == QR_DIRECTION_ROWWISE ? t.rowwise : t.columnwise;
+  }
+  static qr_direction_data& direction_data(qr_quantized_tensor& t, qr_direction d) {
+    return d == QR_DIRECTION_ROWWISE ? t.rowwise : t.columnwise;
+  }
+
+  // The buffers of one direction must be exactly what `layout` describes (dtype, shapes,
+  // contiguous, host memory): the reference indexes them with those shapes.
+  void check_buffers(const qr_direction_data& dd, qr_direction d, std::int64_t rows,
+                     std::int64_t cols, qr_dtype data_dtype, const char* op) const {
+    const char* dir = direction_str(d);
+    const qr_direction_layout want = layout(rows, cols, d);
+    QR_CHECK(dd.struct_size >= sizeof(qr_direction_data), "mxfp8 ", op, ": ", dir,
+             " qr_direction_data struct_size ", dd.struct_size, " is smaller than this build's ",
+             sizeof(qr_direction_data));
+    require_cpu(dd.data.device, op, "the data buffer");
+    require_cpu(dd.scale_inv.device, op, "the scale buffer");
+    QR_CHECK(dd.data.dtype == data_dtype, "mxfp8 ", op, ": ", dir, " data has dtype ",
+             ref::dtype_str(dd.data.dtype), "; expected ", ref::dtype_str(data_dtype),
+             ". Allocate it from this quantizer's layout");
+    const TensorView data(dd.data), scale(dd.scale_inv);
+    QR_CHECK(data.ndim() == 2 && data.size(0) == rows && data.size(1) == cols &&
+                 data.is_contiguous(),
+             "mxfp8 ", op, ": ", dir, " data is ", data.shape_str(),
+             (data.is_contiguous() ? "" : " strided"),
+             "; expected contiguous [", rows, ", ", cols, "] (not transposed)");
+    QR_CHECK(scale.dtype() == DType::e8m0 && scale.ndim() == 2 &&
+                 scale.size(0) == want.scale_shape[0] && scale.size(1) == want.scale_shape[1] &&
+                 scale.is_contiguous(),
+             "mxfp8 ", op, ": ", dir, " scale_inv is ", scale.str(), "; expected contiguous e8m0[",
+             want.scale_shape[0], ", ", want.scale_shape[1], "] for a ", rows, " x ", cols,
+             " tensor. Allocate it from this quantizer's layout");
+    QR_CHECK((dd.data.data != nullptr && dd.scale_inv.data != nullptr) || rows * cols == 0,
+             "mxfp8 ", op, ": ", dir, " data or scale_inv pointer is null");
+  }
+
+  qr_dtype data_dtype_;
+};
+
+constexpr std::uint32_t kDevices = 1u << QR_DEVICE_CPU;  // CUDA kernels: a later issue
+
+}  // namespace
+}  // namespace qrecipe::mxfp8
+
+// ---------------------------------------------------------------- 3. exported symbols
+
+QR_DEFINE_PLUGIN(qrecipe::mxfp8::Mxfp8Quantizer, "mxfp8", "1.0.0",
+                 "MXFP8: E4M3/E5M2 elements in blocks of 32 sharing an E8M0 scale",
+                 qrecipe::mxfp8::kSchema, qrecipe::mxfp8::kDevices)

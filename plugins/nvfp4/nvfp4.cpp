@@ -1,0 +1,269 @@
+// nvfp4 format plugin: NVFP4 (E2M1 elements, E4M3 scales per 16 elements, an FP32 tensor
+// amax per direction), with optional 16x16 tiles, random Hadamard transform of the wgrad
+// operand and stochastic rounding (DESIGN.md section 7, "nvfp4"; the rules are in
+// nvfp4_ref.hpp).
+//
+// Map of this file
+//   1. the option schema and how options resolve
+//   2. Nvfp4Quantizer: layout, compute_amax, quantize (CPU reference), dequantize, describe
+//   3. QR_DEFINE_PLUGIN: the two exported symbols
+//
+// Layout, for a logical [M, K] tensor (rows = M = prod(leading dims), cols = K):
+//   rowwise     data e2m1 [M, K] elements (M rows of ceil(K/2) bytes, even index in the low
+//               nibble); scales e4m3 [roundup(M,128), roundup(ceil(K/16),4)]; amax f32 [1];
+//               scale_mode QR_SCALE_BLOCK_TENSOR, blocks 1x16
+//   columnwise  data e2m1 [K, M] (data_transposed = 1); scales e4m3
+//               [roundup(K,128), roundup(ceil(M/16),4)]; amax f32 [1]; blocks 16x1
+// With 2d the layout is the same: each scale row of a 16x16 tile repeats the tile's scale
+// (as TransformerEngine stores it), so a GEMM consumes a 2d tensor like any other.
+//
+// Stochastic rounding call offset: the quantizer keeps a counter that starts at 0 and
+// advances by one per quantize call that does not pass its own offset. A call with
+// qr_quantize_args::has_rng_offset uses rng_offset and leaves the counter alone, so a
+// recomputed forward can reuse the offset of the original without disturbing later calls.
+//
+// CUDA tensors are an UNSUPPORTED error ("nvfp4 CUDA kernels are not built yet"); they never
+// fall back to the CPU reference. The descriptor therefore lists the CPU only.
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "nvfp4_ref.hpp"
+#include "qrecipe/error.hpp"
+#include "qrecipe/plugin_abi.h"
+#include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/tensor.hpp"
+
+namespace qrecipe::nvfp4 {
+namespace {
+
+// ---------------------------------------------------------------- 1. options
+
+ref::Config resolve_options(const sdk::Options& opts) {
+  ref::Config c;
+  c.two_d = opts.get_bool("2d", false);
+  c.hadamard = opts.get_bool("hadamard", false);
+  c.stochastic_rounding = opts.get_bool("stochastic_rounding", false);
+  QR_CHECK(c.stochastic_rounding || !opts.has("seed"),
+           "nvfp4 option 'seed' only applies with stochastic_rounding: true; remove 'seed' or "
+           "set stochastic_rounding: true");
+  // Any int64 is a valid seed; its two's-complement bits are the 64-bit Philox key.
+  c.seed = static_cast<std::uint64_t>(opts.get_int("seed", 0));
+  ref::check_config(c);
+  return c;
+}
+
+// ---------------------------------------------------------------- 2. the quantizer
+
+const char* usage_name(std::uint32_t usage) {
+  switch (usage) {
+    case QR_USAGE_ROWWISE: return "rowwise";
+    case QR_USAGE_COLUMNWISE: return "columnwise";
+    case QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE: return "rowwise+columnwise";
+    default: return "no direction";
+  }
+}
+
+const char* direction_str(qr_direction d) {
+  return d == QR_DIRECTION_ROWWISE ? "rowwise" : "columnwise";
+}
+
+std::uint32_t usage_of(qr_direction d) {
+  return d == QR_DIRECTION_ROWWISE ? QR_USAGE_ROWWISE : QR_USAGE_COLUMNWISE;
+}
+
+std::string device_str(const qr_device& d) {
+  return d.type == QR_DEVICE_CPU ? "cpu" : "cuda:" + std::to_string(d.index);
+}
+
+// The 2-D logical shape of a view: [prod(leading dims), last dim].
+std::int64_t view_rows(const qr_tensor_view& v) {
+  std::int64_t r = 1;
+  for (int d = 0; d + 1 < v.ndim; ++d) r *= v.shape[d];
+  return r;
+}
+std::int64_t view_cols(const qr_tensor_view& v) { return v.ndim == 0 ? 1 : v.shape[v.ndim - 1]; }
+
+// No kernels yet (a later issue): refuse device tensors instead of reading them on the host.
+void require_cpu(const qr_device& device, const char* op) {
+  QR_CHECK_CODE(device.type == QR_DEVICE_CPU, QR_STATUS_UNSUPPORTED, "nvfp4 ", op,
+                ": the tensor is on ", device_str(device),
+                " but nvfp4 CUDA kernels are not built yet; move the tensor to the CPU or use "
+                "another format for device tensors (there is no silent CPU fallback)");
+}
+
+class Nvfp4Quantizer final : public sdk::QuantizerBase {
+ public:
+  Nvfp4Quantizer(const qr_create_args&, const sdk::Options& opts)
+      : config_(resolve_options(opts)) {}
+
+  qr_direction_layout layout(std::int64_t rows, std::int64_t cols,
+                             qr_direction direction) const override {
+    QR_CHECK(rows >= 0 && cols >= 0, "nvfp4 layout: negative shape ", rows, " x ", cols);
+    const bool transposed = direction == QR_DIRECTION_COLUMNWISE;
+    const std::int64_t data_rows = transposed ? cols : rows;
+    const std::int64_t data_cols = transposed ? rows : cols;
+    qr_direction_layout l = sdk::empty_layout("nvfp4");
+    l.data_dtype = QR_DTYPE_E2M1;
+    l.data_ndim = 2;
+    l.data_shape[0] = data_rows;
+    l.data_shape[1] = data_cols;  // elements; bytes per row are ceil(data_cols / 2)
+    l.data_transposed = transposed ? 1 : 0;
+    l.scale_mode = QR_SCALE_BLOCK_TENSOR;
+    l.scale_dtype = QR_DTYPE_E4M3;
+    l.scale_ndim = 2;
+    l.scale_shape[0] = ref::scale_rows(data_rows);
+    l.scale_shape[1] = ref::scale_cols(data_cols);
+    // Columnwise scales follow the transposed data: scale[k][i] holds block (i, k) of the
+    // logical tensor (M-block i, column k), which the ABI calls a transposed scale array.
+    l.scale_transposed = transposed ? 1 : 0;
+    // Block geometry of the stored scales in the logical [rows, cols] tensor: one scale per
+    // 1x16 (rowwise) or 16x1 (columnwise) block. With 2d the 16 rows (columns) of a 16x16
+    // tile hold equal copies of the tile's scale, so the storage, and what a GEMM reads, is
+    // the same as without 2d.
+    const int block = static_cast<int>(ref::kBlockSize);
+    l.block_rows = transposed ? block : 1;
+    l.block_cols = transposed ? 1 : block;
+    l.has_amax = 1;
+    return l;
+  }
+
+  void compute_amax(const qr_tensor_view& src, void*, float amax_out[2]) override {
+    require_cpu(src.device, "compute_amax");
+    const auto a = ref::compute_amax(src, config_);
+    amax_out[0] = a[0];
+    amax_out[1] = a[1];
+  }
+
+  void quantize(const qr_tensor_view& src, const qr_quantize_args& args,
+                qr_quantized_tensor& dst) override {
+    QR_CHECK(args.struct_size >= sizeof(qr_quantize_args), "qr_quantize_args struct_size ",
+             args.struct_size, " is smaller than this plugin's ", sizeof(qr_quantize_args));
+    const std::uint32_t usage = args.usage;
+    QR_CHECK(usage != 0 && (usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0,
+             "nvfp4 quantize: usage must be rowwise (1), columnwise (2) or both (3); got ",
+             usage);
+    QR_CHECK((dst.usage & usage) == usage, "nvfp4 quantize: ", usage_name(usage),
+             " requested but the destination holds ", usage_name(dst.usage),
+             "; allocate the destination with the requested usage");
+    require_cpu(src.device, "quantize");
+    const std::int64_t rows = view_rows(src), cols = view_cols(src);
+    QR_CHECK(dst.rows == rows && dst.cols == cols, "nvfp4 quantize: the source is ", rows,
+             " x ", cols, " (as 2-D) but the destination is ", dst.rows, " x ", dst.cols);
+
+    ref::DirectionOut out[2];
+    for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+      if (!(usage & usage_of(d))) continue;
+      qr_direction_data& dd = d == QR_DIRECTION_ROWWISE ? dst.rowwise : dst.columnwise;
+      check_destination(dd, d, rows, cols);
+      out[d].data = static_cast<std::uint8_t*>(dd.data.data);
+      out[d].scales = static_cast<std::uint8_t*>(dd.scale_inv.data);
+      out[d].amax = static_cast<float*>(dd.amax.data);
+    }
+
+    ref::Request request;
+    request.amax = args.amax;
+    request.call_offset = args.has_rng_offset ? args.rng_offset : next_offset_.fetch_add(1);
+    request.rowwise = (usage & QR_USAGE_ROWWISE) ? &out[QR_DIRECTION_ROWWISE] : nullptr;
+    request.columnwise = (usage & QR_USAGE_COLUMNWISE) ? &out[QR_DIRECTION_COLUMNWISE] : nullptr;
+    ref::quantize(src, config_, request);
+  }
+
+  void dequantize(const qr_quantized_tensor& src, qr_direction direction,
+                  const qr_tensor_view& dst, void*) override {
+    const char* dir = direction_str(direction);
+    QR_CHECK(src.usage & usage_of(direction), "nvfp4 dequantize: the tensor holds ",
+             usage_name(src.usage), " data, not ", dir);
+    const qr_direction_data& dd =
+        direction == QR_DIRECTION_ROWWISE ? src.rowwise : src.columnwise;
+    QR_CHECK(dd.layout.data_dtype == QR_DTYPE_E2M1 && dd.layout.scale_dtype == QR_DTYPE_E4M3,
+             "nvfp4 dequantize: ", dir, " data is ", ref::dtype_str(dd.layout.data_dtype),
+             " with ", ref::dtype_str(dd.layout.scale_dtype),
+             " scales; expected e2m1 with e4m3 scales (was it made by another format?)");
+    QR_CHECK(dd.scale_inv.data != nullptr && dd.amax.data != nullptr, "nvfp4 dequantize: ", dir,
+             " data lacks its scales or amax");
+    QR_CHECK(dd.data.data != nullptr || src.rows * src.cols == 0, "nvfp4 dequantize: ", dir,
+             " data pointer is null");
+    QR_CHECK(view_rows(dst) == src.rows && view_cols(dst) == src.cols,
+             "nvfp4 dequantize: destination is ", view_rows(dst), " x ", view_cols(dst),
+             " (as 2-D) but the tensor is ", src.rows, " x ", src.cols);
+    QR_CHECK(TensorView(dst).is_contiguous(), "nvfp4 dequantize: the destination must be "
+             "contiguous");
+    require_cpu(dd.data.device, "dequantize");
+    require_cpu(dst.device, "dequantize");
+    ref::dequantize(static_cast<const std::uint8_t*>(dd.data.data),
+                    static_cast<const std::uint8_t*>(dd.scale_inv.data),
+                    *static_cast<const float*>(dd.amax.data), src.rows, src.cols,
+                    dd.layout.data_transposed != 0, dst.data, dst.dtype);
+  }
+
+  std::string describe() const override {
+    std::ostringstream os;
+    os << "nvfp4{2d=" << (config_.two_d ? "true" : "false")
+       << ", hadamard=" << (config_.hadamard ? "true" : "false")
+       << ", stochastic_rounding=" << (config_.stochastic_rounding ? "true" : "false");
+    if (config_.stochastic_rounding)
+      os << ", seed=" << static_cast<std::int64_t>(config_.seed);
+    os << "}";
+    return os.str();
+  }
+
+ private:
+  void check_destination(const qr_direction_data& dd, qr_direction d, std::int64_t rows,
+                         std::int64_t cols) const {
+    const char* dir = direction_str(d);
+    const qr_direction_layout want = layout(rows, cols, d);
+    QR_CHECK(dd.data.dtype == QR_DTYPE_E2M1 && dd.data.ndim == 2 &&
+                 dd.data.shape[0] == want.data_shape[0] &&
+                 dd.data.shape[1] == want.data_shape[1],
+             "nvfp4 quantize: ", dir, " data is ", ref::dtype_str(dd.data.dtype),
+             ref::shape_str(dd.data), "; expected e2m1[", want.data_shape[0], ", ",
+             want.data_shape[1], "]. Allocate it from this quantizer's layout");
+    QR_CHECK(dd.scale_inv.dtype == QR_DTYPE_E4M3 && dd.scale_inv.ndim == 2 &&
+                 dd.scale_inv.shape[0] == want.scale_shape[0] &&
+                 dd.scale_inv.shape[1] == want.scale_shape[1],
+             "nvfp4 quantize: ", dir, " scales are ", ref::dtype_str(dd.scale_inv.dtype),
+             ref::shape_str(dd.scale_inv), "; expected e4m3[", want.scale_shape[0], ", ",
+             want.scale_shape[1], "]. Allocate them from this quantizer's layout");
+    QR_CHECK((dd.data.data != nullptr || rows * cols == 0) &&
+                 (dd.scale_inv.data != nullptr || want.scale_shape[0] * want.scale_shape[1] == 0) &&
+                 dd.amax.data != nullptr,
+             "nvfp4 quantize: the ", dir, " direction lacks its data, scale or amax buffer");
+    require_cpu(dd.data.device, "quantize");
+    require_cpu(dd.scale_inv.device, "quantize");
+    require_cpu(dd.amax.device, "quantize");
+  }
+
+  ref::Config config_;
+  std::atomic<std::uint64_t> next_offset_{0};  // stochastic-rounding call offset
+};
+
+// ---------------------------------------------------------------- schema
+
+constexpr qr_option_schema kSchema[] = {
+    sdk::option_bool("2d", "false",
+                     "16x16 tiles share one block scale, so the columnwise data is the "
+                     "transpose of the rowwise data (the shipped recipe sets it for weights)"),
+    sdk::option_bool("hadamard", "false",
+                     "columnwise (wgrad) operand only, bf16 sources, M a multiple of 16: "
+                     "multiply each run of 16 elements along M by D*H16/4 before quantizing"),
+    sdk::option_bool("stochastic_rounding", "false",
+                     "round each element to a neighbouring E2M1 value with probability "
+                     "proportional to its distance (Philox4x32-10 words)"),
+    sdk::option_int("seed", "0", 0, 0,  // unbounded: any int64, used as 64 key bits
+                    "stochastic rounding: the Philox key"),
+};
+
+constexpr std::uint32_t kDevices = 1u << QR_DEVICE_CPU;
+
+}  // namespace
+}  // namespace qrecipe::nvfp4
+
+// ---------------------------------------------------------------- 3. exported symbols
+
+QR_DEFINE_PLUGIN(qrecipe::nvfp4::Nvfp4Quantizer, "nvfp4", "1.0.0",
+                 "NVFP4: E2M1 data, E4M3 scales per 16 elements, FP32 tensor amax; optional "
+                 "16x16 tiles, Hadamard (wgrad) and stochastic rounding",
+                 qrecipe::nvfp4::kSchema, qrecipe::nvfp4::kDevices)
