@@ -1,0 +1,416 @@
+// hybrid format plugin: a different format per direction (DESIGN.md sections 5-7, "hybrid").
+//
+//   quantizer:
+//     format: hybrid
+//     rowwise:    {format: float8, scaling: delayed}   # any other plugin's full spec
+//     columnwise: {format: mxfp8}
+//     columnwise_source: input                         # or rowwise_dequantized
+//
+// Map of this file
+//   1. options: schema and resolution (both sides are required)
+//   2. SubQuantizer: RAII owner of one direction's quantizer, made by the host (so stateful
+//      formats such as float8 delayed scaling get their state from the engine, like any other)
+//   3. direction views and the CPU scratch direction (columnwise_source: rowwise_dequantized)
+//   4. HybridQuantizer: layout, compute_amax, quantize, dequantize, describe
+//   5. QR_DEFINE_PLUGIN: the two exported symbols
+//
+// Semantics
+//   - Each direction IS the sub-format's own direction: layout(d) is the sub-quantizer's layout
+//     for d (its `format` field names the sub-format), the rowwise sub writes the rowwise slot
+//     and the columnwise sub the columnwise slot, so a GEMM sees plain sub-format operands and
+//     a same-format hybrid gives exactly the plain format's bytes.
+//   - Usage decides which sub-quantizer runs: rowwise only never calls the columnwise side (and
+//     the engine allocates nothing for it), and the reverse.
+//   - A sub-quantizer sees a copy of the destination holding only its direction (usage = that
+//     bit, format = the sub-format, the other direction emptied), and quantize args with usage =
+//     that bit.
+//   - Caller amaxes [rowwise, columnwise] (TP/SP/FSDP): the rowwise sub gets amax[0] and the
+//     columnwise sub amax[1], each in both slots of its own [2] array, so a sub that reads
+//     either slot (float8 takes the max of the two) sees its direction's value only.
+//     compute_amax returns [rowwise sub's [0], columnwise sub's [1]].
+//   - columnwise_source: rowwise_dequantized quantizes the rowwise side first (into the
+//     destination when rowwise was asked for, else into a CPU scratch direction), decodes it to
+//     FP32 through the rowwise sub, and quantizes the columnwise side from those FP32 values.
+//     The columnwise side is given the amax of the *input* (the caller's amax[1], or the
+//     columnwise sub's compute_amax of the source): then passing compute_amax's result back in
+//     changes nothing, and ranks sharing a reduced amax share the columnwise scale. For formats
+//     without a tensor amax (mxfp8, blockwise) this makes no difference. The scratch lives on
+//     the host, so this mode quantizes the columnwise side of CPU tensors only (the host table
+//     has no device allocator yet); rowwise-only use works on any device.
+//   - quantize_into (in-place requantize) is the same call: both subs requantize in place.
+//   - Devices: the descriptor declares cpu and cuda; each sub-quantizer enforces its own device
+//     support with its own error (no fallback anywhere).
+//   - Nesting a hybrid in a hybrid is refused by the engine when it validates the spec (any
+//     format that takes quantizer options cannot be nested), with file:line:column.
+#include <array>
+#include <memory>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "qrecipe/dtype.hpp"
+#include "qrecipe/error.hpp"
+#include "qrecipe/plugin_abi.h"
+#include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/tensor.hpp"
+
+namespace qrecipe::hybrid {
+namespace {
+
+// ---------------------------------------------------------------- 1. options
+
+constexpr const char* kSourceChoices[] = {"input", "rowwise_dequantized"};
+
+enum class ColumnwiseSource { input, rowwise_dequantized };
+
+const char* direction_str(qr_direction d) {
+  return d == QR_DIRECTION_ROWWISE ? "rowwise" : "columnwise";
+}
+std::uint32_t bit(qr_direction d) {
+  return d == QR_DIRECTION_ROWWISE ? QR_USAGE_ROWWISE : QR_USAGE_COLUMNWISE;
+}
+
+// The sub-spec of one direction; both are required (a hybrid with one side would be the plain
+// format, and failing when the quantizer is made beats failing at the first backward GEMM).
+const qr_quantizer_spec& required_side(const sdk::Options& opts, qr_direction d) {
+  const char* key = direction_str(d);
+  const qr_quantizer_spec* spec = opts.get_spec(key);
+  QR_CHECK(spec != nullptr, "hybrid: option '", key,
+           "' is missing; a hybrid needs both sides, e.g. rowwise: {format: float8} and "
+           "columnwise: {format: mxfp8}. To use one format for both directions write that "
+           "format instead of hybrid");
+  QR_CHECK(spec->struct_size >= sizeof(qr_quantizer_spec), "hybrid: option '", key,
+           "' has a qr_quantizer_spec of struct_size ", spec->struct_size, "; expected at least ",
+           sizeof(qr_quantizer_spec));
+  QR_CHECK(spec->format != nullptr && std::string_view(spec->format) != "none", "hybrid: option '",
+           key, "' is format none; both sides of a hybrid must be quantized formats (keeping one "
+           "direction in high precision is not supported). Use a quantized format there, or "
+           "format none for the whole tensor");
+  return *spec;
+}
+
+// Checks both sides before either is built, so a bad columnwise side never leaves a rowwise
+// sub-quantizer's scaling state behind in the engine; then reads columnwise_source.
+ColumnwiseSource resolve_options(const sdk::Options& opts) {
+  required_side(opts, QR_DIRECTION_ROWWISE);
+  required_side(opts, QR_DIRECTION_COLUMNWISE);
+  const std::string s = opts.get_string("columnwise_source", "input");
+  if (s == "input") return ColumnwiseSource::input;
+  QR_CHECK(s == "rowwise_dequantized", "hybrid option columnwise_source: '", s,
+           "' is not input or rowwise_dequantized");
+  return ColumnwiseSource::rowwise_dequantized;
+}
+
+// ---------------------------------------------------------------- 2. sub-quantizers
+
+// One direction's quantizer, made and destroyed through the host table. The host builds it
+// with the engine that is building the hybrid, so its scaling state (if any) is an ordinary
+// engine state: listed by Engine::scaling_states() and updated by Engine::update_scaling().
+class SubQuantizer {
+ public:
+  SubQuantizer(const qr_create_args& args, const qr_quantizer_spec& spec, qr_direction side)
+      : format_(spec.format),
+        context_(std::string("hybrid ") + direction_str(side) + " side (" + spec.format + ")") {
+    const qr_host_api* host = sdk::host();
+    QR_CHECK(host != nullptr && host->quantizer_create != nullptr,
+             "hybrid: the host offers no quantizer_create; cannot build the ", direction_str(side),
+             " side");
+    QR_CHECK(args.ctx != nullptr, "hybrid: no engine context to build the ", direction_str(side),
+             " side (", spec.format, ") with; create hybrid quantizers through qrecipe::Engine");
+    sdk::check_host(host->quantizer_create(args.ctx, &spec, args.role, &handle_),
+                    "hybrid: building the " + std::string(direction_str(side)) + " side");
+    QR_CHECK_CODE(handle_ != nullptr, QR_STATUS_INTERNAL, "hybrid: the host returned success "
+                  "but no quantizer for the ", direction_str(side), " side (", spec.format, ")");
+  }
+  ~SubQuantizer() {
+    if (handle_) sdk::host()->quantizer_destroy(handle_);
+  }
+  SubQuantizer(const SubQuantizer&) = delete;
+  SubQuantizer& operator=(const SubQuantizer&) = delete;
+
+  const std::string& format() const { return format_; }
+
+  qr_direction_layout layout(std::int64_t rows, std::int64_t cols, qr_direction d) const {
+    qr_direction_layout out = sdk::empty_layout(nullptr);
+    sdk::check_host(sdk::host()->quantizer_layout(handle_, rows, cols, d, &out), context_);
+    if (out.format == nullptr) out.format = format_.c_str();  // the direction is the sub-format's
+    return out;
+  }
+  std::array<float, 2> compute_amax(const qr_tensor_view& src, void* stream) const {
+    std::array<float, 2> out{0.0f, 0.0f};
+    sdk::check_host(sdk::host()->quantizer_compute_amax(handle_, &src, stream, out.data()),
+                    context_);
+    return out;
+  }
+  void quantize(const qr_tensor_view& src, const qr_quantize_args& args,
+                qr_quantized_tensor& dst) const {
+    sdk::check_host(sdk::host()->quantizer_quantize(handle_, &src, &args, &dst), context_);
+  }
+  void dequantize(const qr_quantized_tensor& src, qr_direction d, const qr_tensor_view& dst,
+                  void* stream) const {
+    sdk::check_host(sdk::host()->quantizer_dequantize(handle_, &src, d, &dst, stream), context_);
+  }
+  std::string describe() const {
+    char buffer[1024] = {0};
+    sdk::check_host(sdk::host()->quantizer_describe(handle_, buffer, sizeof buffer), context_);
+    return buffer;
+  }
+
+ private:
+  std::string format_;
+  std::string context_;
+  qr_host_quantizer* handle_ = nullptr;
+};
+
+// ---------------------------------------------------------------- 3. direction views, scratch
+
+qr_direction_data& slot(qr_quantized_tensor& t, qr_direction d) {
+  return d == QR_DIRECTION_ROWWISE ? t.rowwise : t.columnwise;
+}
+
+qr_direction_data empty_direction() {
+  qr_direction_data dd{};
+  dd.struct_size = sizeof(qr_direction_data);
+  dd.layout.struct_size = sizeof(qr_direction_layout);
+  dd.data.struct_size = dd.scale_inv.struct_size = dd.amax.struct_size = sizeof(qr_tensor_view);
+  return dd;
+}
+
+// A copy of `t` that holds only direction d, as the sub-format's own tensor. The buffers are
+// shared (views), so what the sub-quantizer writes lands in `t`.
+qr_quantized_tensor single_direction(const qr_quantized_tensor& t, qr_direction d,
+                                     const std::string& format) {
+  qr_quantized_tensor v = t;
+  v.format = format.c_str();
+  v.usage = bit(d);
+  const qr_direction other = d == QR_DIRECTION_ROWWISE ? QR_DIRECTION_COLUMNWISE
+                                                       : QR_DIRECTION_ROWWISE;
+  slot(v, other) = empty_direction();
+  return v;
+}
+
+// Quantize args for one sub-quantizer: its single usage bit and, when the caller gave amaxes,
+// this direction's amax in both slots (see the map at the top). `amax` must outlive the call.
+qr_quantize_args sub_args(const qr_quantize_args& args, qr_direction d, const float* given,
+                          std::array<float, 2>& amax) {
+  qr_quantize_args a = args;
+  a.struct_size = sizeof(qr_quantize_args);
+  a.usage = bit(d);
+  if (given != nullptr) {
+    amax = {given[0], given[0]};
+    a.amax = amax.data();
+  } else {
+    a.amax = nullptr;
+  }
+  return a;
+}
+
+// One direction allocated on the host from a layout (zero-filled, like the engine does): the
+// rowwise side of a columnwise-only request in rowwise_dequantized mode.
+class ScratchDirection {
+ public:
+  ScratchDirection(const qr_direction_layout& layout, qr_direction d, std::int64_t rows,
+                   std::int64_t cols, const std::string& format)
+      : format_(format) {
+    QR_CHECK(layout.data_ndim >= 1 && layout.data_ndim <= 2, "hybrid: the ", format,
+             " layout has a data buffer of ", layout.data_ndim, " dimensions; expected 1 or 2");
+    t_.struct_size = sizeof(qr_quantized_tensor);
+    t_.format = format_.c_str();
+    t_.rows = rows;
+    t_.cols = cols;
+    t_.usage = bit(d);
+    t_.rowwise = empty_direction();
+    t_.columnwise = empty_direction();
+    qr_direction_data& dd = slot(t_, d);
+    dd.layout = layout;
+    dd.layout.format = format_.c_str();
+    dd.data = allocate(data_, static_cast<DType>(layout.data_dtype), layout.data_ndim,
+                       layout.data_shape);
+    if (layout.scale_ndim > 0)
+      dd.scale_inv = allocate(scale_, static_cast<DType>(layout.scale_dtype), layout.scale_ndim,
+                              layout.scale_shape);
+    if (layout.has_amax) {
+      const std::int64_t one[2] = {1, 0};
+      dd.amax = allocate(amax_, DType::f32, 1, one);
+    }
+  }
+  ScratchDirection(const ScratchDirection&) = delete;
+  ScratchDirection& operator=(const ScratchDirection&) = delete;
+  qr_quantized_tensor& tensor() { return t_; }
+
+ private:
+  static qr_tensor_view allocate(Tensor& storage, DType dtype, int ndim,
+                                 const std::int64_t* shape) {
+    QR_CHECK(ndim >= 1 && ndim <= 2, "hybrid: scratch buffer of ", ndim,
+             " dimensions; expected 1 or 2");
+    storage = Tensor(dtype, std::vector<std::int64_t>(shape, shape + ndim));
+    return storage.view().c();
+  }
+  std::string format_;
+  Tensor data_, scale_, amax_;
+  qr_quantized_tensor t_{};
+};
+
+// ---------------------------------------------------------------- 4. the quantizer
+
+std::int64_t view_rows(const qr_tensor_view& v) {
+  std::int64_t r = 1;
+  for (int d = 0; d + 1 < v.ndim; ++d) r *= v.shape[d];
+  return r;
+}
+std::int64_t view_cols(const qr_tensor_view& v) { return v.ndim == 0 ? 1 : v.shape[v.ndim - 1]; }
+
+const char* usage_name(std::uint32_t usage) {
+  switch (usage) {
+    case QR_USAGE_ROWWISE: return "rowwise";
+    case QR_USAGE_COLUMNWISE: return "columnwise";
+    case QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE: return "rowwise+columnwise";
+    default: return "no direction";
+  }
+}
+
+class HybridQuantizer final : public sdk::QuantizerBase {
+ public:
+  HybridQuantizer(const qr_create_args& args, const sdk::Options& opts)
+      : source_(resolve_options(opts)),
+        rowwise_(args, required_side(opts, QR_DIRECTION_ROWWISE), QR_DIRECTION_ROWWISE),
+        columnwise_(args, required_side(opts, QR_DIRECTION_COLUMNWISE), QR_DIRECTION_COLUMNWISE) {}
+
+  qr_direction_layout layout(std::int64_t rows, std::int64_t cols,
+                             qr_direction direction) const override {
+    return side(direction).layout(rows, cols, direction);
+  }
+
+  void compute_amax(const qr_tensor_view& src, void* stream, float amax_out[2]) override {
+    amax_out[0] = rowwise_.compute_amax(src, stream)[0];
+    amax_out[1] = columnwise_.compute_amax(src, stream)[1];
+  }
+
+  void quantize(const qr_tensor_view& src, const qr_quantize_args& args,
+                qr_quantized_tensor& dst) override {
+    QR_CHECK(args.struct_size >= sizeof(qr_quantize_args), "hybrid quantize: qr_quantize_args "
+             "struct_size ", args.struct_size, " is smaller than this plugin's ",
+             sizeof(qr_quantize_args));
+    const std::uint32_t usage = args.usage;
+    QR_CHECK(usage != 0 && (usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0,
+             "hybrid quantize: usage must be rowwise (1), columnwise (2) or both (3); got ", usage);
+    QR_CHECK((dst.usage & usage) == usage, "hybrid quantize: ", usage_name(usage),
+             " requested but the destination holds ", usage_name(dst.usage),
+             "; allocate the destination with the requested usage");
+    QR_CHECK(dst.rows == view_rows(src) && dst.cols == view_cols(src), "hybrid quantize: the "
+             "source is ", view_rows(src), " x ", view_cols(src), " (as 2-D) but the destination "
+             "is ", dst.rows, " x ", dst.cols);
+    const bool want_rowwise = (usage & QR_USAGE_ROWWISE) != 0;
+    const bool want_columnwise = (usage & QR_USAGE_COLUMNWISE) != 0;
+    const float* given_row = args.amax ? &args.amax[0] : nullptr;
+    const float* given_col = args.amax ? &args.amax[1] : nullptr;
+
+    if (source_ == ColumnwiseSource::input || !want_columnwise) {
+      if (want_rowwise) quantize_side(QR_DIRECTION_ROWWISE, src, args, given_row, dst);
+      if (want_columnwise) quantize_side(QR_DIRECTION_COLUMNWISE, src, args, given_col, dst);
+      return;
+    }
+    quantize_from_rowwise_dequantized(src, args, dst, want_rowwise, given_row, given_col);
+  }
+
+  void dequantize(const qr_quantized_tensor& src, qr_direction direction,
+                  const qr_tensor_view& dst, void* stream) override {
+    QR_CHECK(src.usage & bit(direction), "hybrid dequantize: the tensor holds ",
+             usage_name(src.usage), " data, not ", direction_str(direction));
+    const SubQuantizer& sub = side(direction);
+    sub.dequantize(single_direction(src, direction, sub.format()), direction, dst, stream);
+  }
+
+  std::string describe() const override {
+    return "hybrid{rowwise=" + rowwise_.describe() + ", columnwise=" + columnwise_.describe() +
+           ", columnwise_source=" +
+           (source_ == ColumnwiseSource::input ? "input" : "rowwise_dequantized") + "}";
+  }
+
+ private:
+  const SubQuantizer& side(qr_direction d) const {
+    return d == QR_DIRECTION_ROWWISE ? rowwise_ : columnwise_;
+  }
+
+  // Runs direction d's sub-quantizer on `src` into d's slot of `dst`.
+  void quantize_side(qr_direction d, const qr_tensor_view& src, const qr_quantize_args& args,
+                     const float* given, qr_quantized_tensor& dst) const {
+    const SubQuantizer& sub = side(d);
+    std::array<float, 2> amax{};
+    const qr_quantize_args a = sub_args(args, d, given, amax);
+    qr_quantized_tensor view = single_direction(dst, d, sub.format());
+    sub.quantize(src, a, view);
+  }
+
+  // columnwise_source: rowwise_dequantized with the columnwise side requested.
+  void quantize_from_rowwise_dequantized(const qr_tensor_view& src, const qr_quantize_args& args,
+                                         qr_quantized_tensor& dst, bool want_rowwise,
+                                         const float* given_row, const float* given_col) const {
+    QR_CHECK_CODE(src.device.type == QR_DEVICE_CPU, QR_STATUS_UNSUPPORTED,
+                  "hybrid quantize: columnwise_source: rowwise_dequantized builds the columnwise "
+                  "side from host scratch buffers, so it needs a CPU source (got a CUDA tensor); "
+                  "use columnwise_source: input on the GPU, or quantize this tensor on the CPU");
+    const std::int64_t rows = dst.rows, cols = dst.cols;
+
+    // The columnwise side's amax is that of the input (see the map at the top); take it
+    // before the rowwise side runs, so a caller-free call equals one given compute_amax.
+    float input_col_amax = 0.0f;
+    if (given_col == nullptr) {
+      input_col_amax = columnwise_.compute_amax(src, args.stream)[1];
+      given_col = &input_col_amax;
+    }
+
+    // 1. Rowwise: into the destination when asked for, else into host scratch.
+    std::array<float, 2> row_amax{};
+    const qr_quantize_args row_args = sub_args(args, QR_DIRECTION_ROWWISE, given_row, row_amax);
+    std::unique_ptr<ScratchDirection> scratch;
+    qr_quantized_tensor rowwise_view;
+    if (want_rowwise) {
+      rowwise_view = single_direction(dst, QR_DIRECTION_ROWWISE, rowwise_.format());
+    } else {
+      scratch = std::make_unique<ScratchDirection>(
+          rowwise_.layout(rows, cols, QR_DIRECTION_ROWWISE), QR_DIRECTION_ROWWISE, rows, cols,
+          rowwise_.format());
+      rowwise_view = scratch->tensor();
+    }
+    rowwise_.quantize(src, row_args, rowwise_view);
+
+    // 2. Decode it to FP32 through the rowwise format.
+    Tensor decoded(DType::f32, {rows, cols});
+    rowwise_.dequantize(rowwise_view, QR_DIRECTION_ROWWISE, decoded.view().c(), args.stream);
+
+    // 3. Columnwise from the decoded values.
+    quantize_side(QR_DIRECTION_COLUMNWISE, decoded.view().c(), args, given_col, dst);
+  }
+
+  ColumnwiseSource source_;
+  SubQuantizer rowwise_;     // made first: its scaling state (if any) precedes the columnwise one
+  SubQuantizer columnwise_;
+};
+
+constexpr qr_option_schema kSchema[] = {
+    sdk::option_quantizer("rowwise", "required",
+                          "quantizer spec of the rowwise direction (blocks along the last "
+                          "dimension: fprop operands, dgrad's grad_output), e.g. {format: float8}; "
+                          "any format except one that takes quantizers itself"),
+    sdk::option_quantizer("columnwise", "required",
+                          "quantizer spec of the columnwise direction (blocks along the first "
+                          "dimension: dgrad's weight, wgrad operands), e.g. {format: mxfp8}"),
+    sdk::option_enum("columnwise_source", "input", kSourceChoices,
+                     "input: quantize the columnwise side from the input; rowwise_dequantized: "
+                     "from the decoded rowwise data, so both directions hold the same values "
+                     "(useful for weights; CPU only for the columnwise side)"),
+};
+
+constexpr std::uint32_t kDevices = (1u << QR_DEVICE_CPU) | (1u << QR_DEVICE_CUDA);
+
+}  // namespace
+}  // namespace qrecipe::hybrid
+
+// ---------------------------------------------------------------- 5. exported symbols
+
+QR_DEFINE_PLUGIN(qrecipe::hybrid::HybridQuantizer, "hybrid", "1.0.0",
+                 "a different format per direction: rowwise and columnwise are full quantizer "
+                 "specs of other plugins",
+                 qrecipe::hybrid::kSchema, qrecipe::hybrid::kDevices)
