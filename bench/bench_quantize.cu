@@ -1,0 +1,485 @@
+// bench_quantize: how close quantization runs to the GPU's copy speed.
+//
+//   bench_quantize [--out results.json] [--runs 20] [--warmup 5] [--copy-mib 1024]
+//                  [--shapes 8192x8192,16384x8192] [--formats float8,hybrid]
+//
+// Map of this file
+//   1. CUDA error checks, the two kernels (16-byte copy, BF16 input fill), event timing
+//   2. the copy ceiling: SM copy kernel and cudaMemcpyAsync D2D on one large buffer
+//   3. quantize: for every format with CUDA support, every option set below and every usage,
+//      Quantizer::quantize_into through the engine (Engine + Recipe::uniform + Registry) into
+//      pre-allocated outputs, so allocation is not timed
+//   4. output: JSON (--out) and a markdown table on stdout
+//
+// Method: CUDA events around each call on one stream; the median of --runs calls after
+// --warmup calls. Inputs (and outputs) rotate over enough buffers that together they exceed
+// four times the L2 cache, so no call reads what the previous one left in L2.
+//
+// Metrics of a quantize record:
+//   min_bytes        = passes * input bytes + every output byte written once (data, scales,
+//                      amax), where passes = 2 when a tensor amax must be known before the cast
+//                      (current-scaling float8, nvfp4) and 1 otherwise
+//   value (GB/s)     = min_bytes / median time
+//   ratio            = value / copy ceiling (the SM copy kernel, read + write bytes)
+//   read_once_ratio  = the same with passes = 1
+//
+// How to add a format: add its option sets to kBenchSets with the passes it needs. A format
+// with CUDA support and no entry is measured with its default spec and passes = 1.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "qrecipe/conversions.hpp"
+#include "qrecipe/cuda.hpp"
+#include "qrecipe/engine.hpp"
+#include "qrecipe/quantizer.hpp"
+#include "qrecipe/recipe.hpp"
+#include "qrecipe/registry.hpp"
+#include "qrecipe/tensor.hpp"
+
+namespace {
+
+// ---------------------------------------------------------------- 1. CUDA helpers, kernels
+
+void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
+  if (status == cudaSuccess) return;
+  std::ostringstream os;
+  os << file << ":" << line << ": " << call << " failed: " << cudaGetErrorName(status) << ": "
+     << cudaGetErrorString(status);
+  throw std::runtime_error(os.str());
+}
+#define BENCH_CUDA(call) check_cuda((call), #call, __FILE__, __LINE__)
+
+constexpr int kThreads = 256;  // threads per block of both kernels
+
+// Grid-stride copy of n 16-byte vectors: one 16-byte load and store per iteration.
+__global__ void copy_kernel(const int4* __restrict__ src, int4* __restrict__ dst, std::size_t n) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride)
+    dst[i] = src[i];
+}
+
+// BF16 values uniform in [-4, 4) from a hash of the index (deterministic, no host copy).
+__global__ void fill_bf16_kernel(std::uint16_t* dst, std::size_t n, std::uint32_t seed) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    std::uint32_t h = static_cast<std::uint32_t>(i) ^ static_cast<std::uint32_t>(i >> 32) ^ seed;
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    h *= 0x846ca68bu;
+    h ^= h >> 16;
+    const float u = static_cast<float>(h >> 8) * (1.0f / 16777216.0f);  // [0, 1)
+    dst[i] = qrecipe::num::f32_to_bf16((u - 0.5f) * 8.0f);
+  }
+}
+
+// Blocks for a grid-stride kernel: enough to fill every SM.
+int grid_for(const cudaDeviceProp& prop) {
+  return prop.multiProcessorCount * std::max(1, prop.maxThreadsPerMultiProcessor / kThreads);
+}
+
+// Owning device buffer (cudaMalloc / cudaFree).
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t bytes) { BENCH_CUDA(cudaMalloc(&ptr_, bytes)); }
+  ~DeviceBuffer() {
+    if (ptr_) (void)cudaFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+class Event {
+ public:
+  Event() { BENCH_CUDA(cudaEventCreate(&e_)); }
+  ~Event() { (void)cudaEventDestroy(e_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Median milliseconds of `runs` calls of fn(i) after `warmup` calls, each timed alone with
+// events on `stream` (fn enqueues its work on that stream).
+template <class Fn>
+double time_ms(cudaStream_t stream, int warmup, int runs, Fn&& fn) {
+  for (int i = 0; i < warmup; ++i) fn(i);
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  Event start, stop;
+  std::vector<double> ms;
+  for (int i = 0; i < runs; ++i) {
+    BENCH_CUDA(cudaEventRecord(start.get(), stream));
+    fn(warmup + i);
+    BENCH_CUDA(cudaEventRecord(stop.get(), stream));
+    BENCH_CUDA(cudaEventSynchronize(stop.get()));
+    float t = 0.0f;
+    BENCH_CUDA(cudaEventElapsedTime(&t, start.get(), stop.get()));
+    ms.push_back(t);
+  }
+  BENCH_CUDA(cudaGetLastError());
+  return median(ms);
+}
+
+// ---------------------------------------------------------------- options and records
+
+struct Options {
+  std::string out;
+  int runs = 20;
+  int warmup = 5;
+  std::size_t copy_mib = 1024;
+  std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {{8192, 8192}, {16384, 8192}};
+  std::vector<std::string> formats;  // empty: every format with CUDA support
+};
+
+struct Record {
+  std::string name, kind, format, option_set, usage;
+  std::int64_t rows = 0, cols = 0;
+  double ms = 0, value = 0, ratio = 0, read_once_ratio = 0;
+  int passes = 0;
+  double min_bytes = 0;
+};
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::cerr << "bench_quantize: " << msg
+            << "\nusage: bench_quantize [--out FILE.json] [--runs N] [--warmup N] "
+               "[--copy-mib MIB] [--shapes RxC,RxC] [--formats a,b]\n";
+  std::exit(2);
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, sep);)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(a + " needs a value");
+      return argv[++i];
+    };
+    try {
+      if (a == "--out") o.out = value();
+      else if (a == "--runs") o.runs = std::stoi(value());
+      else if (a == "--warmup") o.warmup = std::stoi(value());
+      else if (a == "--copy-mib") o.copy_mib = static_cast<std::size_t>(std::stoull(value()));
+      else if (a == "--formats") o.formats = split(value(), ',');
+      else if (a == "--shapes") {
+        o.shapes.clear();
+        for (const auto& s : split(value(), ',')) {
+          const auto x = s.find('x');
+          if (x == std::string::npos) usage_error("shape '" + s + "' is not RxC");
+          o.shapes.emplace_back(std::stoll(s.substr(0, x)), std::stoll(s.substr(x + 1)));
+        }
+      } else if (a == "--help" || a == "-h") usage_error("help");
+      else usage_error("unknown argument '" + a + "'");
+    } catch (const std::logic_error&) {  // stoi / stoll on a non-number
+      usage_error("bad value for " + a);
+    }
+  }
+  if (o.runs < 1 || o.warmup < 0 || o.copy_mib < 1) usage_error("runs >= 1, warmup >= 0, copy-mib >= 1");
+  return o;
+}
+
+// ---------------------------------------------------------------- 2. copy ceiling
+
+struct CopyCeiling {
+  double kernel_gbps = 0, memcpy_gbps = 0;
+  Record kernel, memcpy;
+};
+
+CopyCeiling measure_copy(const Options& o, const cudaDeviceProp& prop, cudaStream_t stream) {
+  const std::size_t bytes = o.copy_mib << 20;
+  DeviceBuffer src(bytes), dst(bytes);
+  const std::size_t n_vec = bytes / sizeof(int4);
+  const int grid = grid_for(prop);
+  fill_bf16_kernel<<<grid, kThreads, 0, stream>>>(static_cast<std::uint16_t*>(src.get()),
+                                                  bytes / 2, 1u);
+  BENCH_CUDA(cudaGetLastError());
+  const double kernel_ms = time_ms(stream, o.warmup, o.runs, [&](int) {
+    copy_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const int4*>(src.get()),
+                                               static_cast<int4*>(dst.get()), n_vec);
+    BENCH_CUDA(cudaGetLastError());
+  });
+  const double memcpy_ms = time_ms(stream, o.warmup, o.runs, [&](int) {
+    BENCH_CUDA(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  CopyCeiling c;
+  const double moved = 2.0 * static_cast<double>(bytes);  // read + write
+  c.kernel_gbps = moved / (kernel_ms * 1e-3) / 1e9;
+  c.memcpy_gbps = moved / (memcpy_ms * 1e-3) / 1e9;
+  const std::string mib = std::to_string(o.copy_mib) + " MiB";
+  c.kernel = {"copy kernel (16-byte vectors) " + mib, "copy", "", "", "", 0, 0, kernel_ms,
+              c.kernel_gbps, 1.0, 1.0, 1, moved};
+  c.memcpy = {"cudaMemcpyAsync D2D " + mib, "memcpy", "", "", "", 0, 0, memcpy_ms,
+              c.memcpy_gbps, c.memcpy_gbps / c.kernel_gbps, c.memcpy_gbps / c.kernel_gbps, 1, moved};
+  return c;
+}
+
+// ---------------------------------------------------------------- 3. quantize
+
+struct BenchSet {
+  const char* format;
+  const char* label;
+  const char* spec_yaml;
+  int passes;  // input reads a minimal implementation needs (see the file header)
+};
+
+const BenchSet kBenchSets[] = {
+    {"float8", "current", "{format: float8, scaling: current, dtype: e4m3}", 2},
+    {"float8", "delayed", "{format: float8, scaling: delayed, dtype: e4m3}", 1},
+    {"mxfp8", "default", "{format: mxfp8}", 1},
+    {"nvfp4", "default", "{format: nvfp4}", 2},
+    {"blockwise", "default", "{format: blockwise}", 1},
+    {"hybrid", "float8_e4m3_e5m2",
+     "{format: hybrid, rowwise: {format: float8, dtype: e4m3}, "
+     "columnwise: {format: float8, dtype: e5m2}}",
+     2},
+};
+
+qrecipe::QuantizerSpec spec_from_yaml(const std::string& yaml) {
+  return qrecipe::Recipe::parse("version: 1\ndefaults: " + yaml + "\n", "bench").defaults();
+}
+
+// Every byte a quantized tensor holds: data, scales and amax of each direction.
+double output_bytes(const qrecipe::QuantizedTensor& t) {
+  double total = 0;
+  for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+    if (!t.has(d)) continue;
+    const qr_direction_data& dd = t.direction(d);
+    total += static_cast<double>(qrecipe::TensorView(dd.data).nbytes());
+    if (dd.scale_inv.data) total += static_cast<double>(qrecipe::TensorView(dd.scale_inv).nbytes());
+    if (dd.amax.data) total += static_cast<double>(qrecipe::TensorView(dd.amax).nbytes());
+  }
+  return total;
+}
+
+std::vector<Record> measure_quantize(const Options& o, const cudaDeviceProp& prop,
+                                     cudaStream_t stream, double copy_gbps) {
+  using namespace qrecipe;
+  std::vector<Record> records;
+  auto registry = Registry::shared();
+  for (const auto& f : registry->failures())
+    std::cerr << "plugin load failure: " << f.path << ": " << f.cause << "\n";
+  const QuantizerRole role{"linear", "input", "bench"};
+  const Device device = Device::cuda(0);
+  for (const auto& plugin : registry->plugins()) {
+    if (!o.formats.empty() &&
+        std::find(o.formats.begin(), o.formats.end(), plugin->name()) == o.formats.end())
+      continue;
+    if (!plugin->supports(device)) {
+      std::cerr << "format '" << plugin->name() << "' supports " << plugin->devices_str()
+                << " only: skipped\n";
+      continue;
+    }
+    std::vector<BenchSet> sets;
+    for (const auto& s : kBenchSets)
+      if (plugin->name() == s.format) sets.push_back(s);
+    std::string default_yaml;
+    if (sets.empty()) {
+      default_yaml = "{format: " + plugin->name() + "}";
+      sets.push_back({plugin->name().c_str(), "default", default_yaml.c_str(), 1});
+      std::cerr << "format '" << plugin->name() << "' has no entry in kBenchSets: default spec, "
+                << "passes = 1\n";
+    }
+    for (const BenchSet& set : sets) {
+      Engine engine(Recipe::uniform(spec_from_yaml(set.spec_yaml)), registry);
+      const std::shared_ptr<Quantizer> q = engine.resolve(role);
+      for (const auto& [rows, cols] : o.shapes) {
+        const std::size_t in_bytes = static_cast<std::size_t>(rows * cols) * 2;  // bf16
+        const std::size_t l2 = static_cast<std::size_t>(std::max(prop.l2CacheSize, 1));
+        const std::size_t slots = std::max<std::size_t>(2, (4 * l2 + in_bytes - 1) / in_bytes);
+        std::vector<Tensor> inputs;
+        for (std::size_t s = 0; s < slots; ++s) {
+          inputs.emplace_back(DType::bf16, std::vector<std::int64_t>{rows, cols}, device,
+                              cuda_allocator());
+          fill_bf16_kernel<<<grid_for(prop), kThreads, 0, stream>>>(
+              inputs.back().data_as<std::uint16_t>(), in_bytes / 2,
+              static_cast<std::uint32_t>(s + 7));
+          BENCH_CUDA(cudaGetLastError());
+        }
+        BENCH_CUDA(cudaStreamSynchronize(stream));
+        for (const std::uint32_t usage : {static_cast<std::uint32_t>(QR_USAGE_ROWWISE),
+                                          static_cast<std::uint32_t>(QR_USAGE_COLUMNWISE),
+                                          static_cast<std::uint32_t>(QR_USAGE_ROWWISE |
+                                                                     QR_USAGE_COLUMNWISE)}) {
+          QuantizeOptions qopt;
+          qopt.stream = stream;
+          // One pre-allocated output per input slot (allocated and filled here, not timed).
+          std::vector<QuantizedTensor> outputs;
+          for (std::size_t s = 0; s < slots; ++s)
+            outputs.push_back(q->quantize(inputs[s].view(), usage, qopt, cuda_allocator()));
+          const double ms = time_ms(stream, o.warmup, o.runs, [&](int i) {
+            const std::size_t s = static_cast<std::size_t>(i) % slots;
+            q->quantize_into(inputs[s].view(), outputs[s], qopt);
+          });
+          Record r;
+          r.kind = "quantize";
+          r.format = plugin->name();
+          r.option_set = set.label;
+          r.usage = usage_str(usage);
+          r.rows = rows;
+          r.cols = cols;
+          r.ms = ms;
+          r.passes = set.passes;
+          const double out_bytes = output_bytes(outputs[0]);
+          r.min_bytes = set.passes * static_cast<double>(in_bytes) + out_bytes;
+          r.value = r.min_bytes / (ms * 1e-3) / 1e9;
+          r.ratio = r.value / copy_gbps;
+          r.read_once_ratio =
+              (static_cast<double>(in_bytes) + out_bytes) / (ms * 1e-3) / 1e9 / copy_gbps;
+          r.name = "quantize " + r.format + " " + r.option_set + " " + r.usage + " bf16 " +
+                   std::to_string(rows) + "x" + std::to_string(cols);
+          std::cerr << r.name << ": " << ms << " ms\n";
+          records.push_back(r);
+        }
+      }
+    }
+  }
+  return records;
+}
+
+// ---------------------------------------------------------------- 4. output
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string json_number(double v, int digits = 6) {
+  if (!std::isfinite(v)) return "null";
+  std::ostringstream os;
+  os.precision(digits);
+  os << v;
+  return os.str();
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+void write_json(const std::string& path, const cudaDeviceProp& prop, const Options& o,
+                const std::vector<Record>& records) {
+  const char* commit = std::getenv("QRECIPE_COMMIT");
+  std::ofstream f(path);
+  if (!f) throw std::runtime_error("cannot write " + path);
+  f << "{\n  \"device\": " << json_string(prop.name) << ",\n  \"date\": " << json_string(utc_now())
+    << ",\n  \"commit\": " << json_string(commit && *commit ? commit : "unknown")
+    << ",\n  \"l2_bytes\": " << prop.l2CacheSize << ",\n  \"runs\": " << o.runs
+    << ",\n  \"warmup\": " << o.warmup << ",\n  \"records\": [";
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    const Record& r = records[i];
+    f << (i ? "," : "") << "\n    {\"name\": " << json_string(r.name)
+      << ", \"kind\": " << json_string(r.kind);
+    if (r.kind == "quantize")
+      f << ", \"format\": " << json_string(r.format) << ", \"option_set\": "
+        << json_string(r.option_set) << ", \"usage\": " << json_string(r.usage)
+        << ", \"shape\": [" << r.rows << ", " << r.cols << "], \"dtype\": \"bf16\", \"passes\": "
+        << r.passes;
+    f << ", \"ms\": " << json_number(r.ms) << ", \"bytes\": " << json_number(r.min_bytes, 12)
+      << ", \"value\": " << json_number(r.value) << ", \"unit\": \"GB/s\""
+      << ", \"ratio\": " << json_number(r.ratio) << ", \"ratio_to\": \"copy\"";
+    if (r.kind == "quantize") f << ", \"read_once_ratio\": " << json_number(r.read_once_ratio);
+    f << "}";
+  }
+  f << "\n  ]\n}\n";
+  if (!f) throw std::runtime_error("writing " + path + " failed");
+}
+
+void print_table(const cudaDeviceProp& prop, const std::vector<Record>& records) {
+  std::printf("\n%s\n\n", prop.name);
+  std::printf("| name | ms | GB/s | ratio | read_once_ratio |\n|---|---:|---:|---:|---:|\n");
+  for (const Record& r : records)
+    std::printf("| %s | %.4f | %.1f | %.3f | %s |\n", r.name.c_str(), r.ms, r.value, r.ratio,
+                r.kind == "quantize" ? json_number(r.read_once_ratio, 3).c_str() : "");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse_args(argc, argv);
+  try {
+    int devices = 0;
+    const cudaError_t status = cudaGetDeviceCount(&devices);
+    if (status != cudaSuccess || devices == 0) {
+      std::cerr << "bench_quantize: no CUDA device ("
+                << (status != cudaSuccess ? cudaGetErrorString(status) : "0 devices")
+                << "); run it on a GPU machine (tools/gpu_check.sh bench)\n";
+      return 2;
+    }
+    BENCH_CUDA(cudaSetDevice(0));
+    cudaDeviceProp prop{};
+    BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+    std::cerr << "device: " << prop.name << ", " << prop.multiProcessorCount << " SMs, L2 "
+              << (prop.l2CacheSize >> 20) << " MiB\n";
+    cudaStream_t stream = nullptr;
+    BENCH_CUDA(cudaStreamCreate(&stream));
+    const CopyCeiling copy = measure_copy(o, prop, stream);
+    std::vector<Record> records = {copy.kernel, copy.memcpy};
+    const std::vector<Record> q = measure_quantize(o, prop, stream, copy.kernel_gbps);
+    records.insert(records.end(), q.begin(), q.end());
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    BENCH_CUDA(cudaStreamDestroy(stream));
+    if (!o.out.empty()) {
+      write_json(o.out, prop, o, records);
+      std::cerr << "wrote " << o.out << "\n";
+    }
+    print_table(prop, records);
+    if (q.empty()) {
+      std::cerr << "bench_quantize: no format with CUDA support was measured\n";
+      return 1;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "bench_quantize: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

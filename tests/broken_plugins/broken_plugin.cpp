@@ -1,0 +1,91 @@
+// One source, many broken plugins: BROKEN_CASE_<name> selects which rule to break.
+// The "good" case is a minimal valid format ("toy": a copy of the input as f32, no scale)
+// that the registry tests use as a known-good neighbour of the broken ones.
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/tensor.hpp"
+
+namespace {
+
+class ToyQuantizer final : public qrecipe::sdk::QuantizerBase {
+ public:
+  ToyQuantizer(const qr_create_args&, const qrecipe::sdk::Options&) {
+#if defined(BROKEN_CASE_throwing_factory)
+    throw std::runtime_error("toy factory failed on purpose");
+#endif
+  }
+  qr_direction_layout layout(std::int64_t rows, std::int64_t cols, qr_direction) const override {
+    auto l = qrecipe::sdk::empty_layout("toy");
+    l.data_dtype = QR_DTYPE_F32;
+    l.data_ndim = 2;
+    l.data_shape[0] = rows;
+    l.data_shape[1] = cols;
+    l.scale_mode = QR_SCALE_NONE;
+    return l;
+  }
+  void compute_amax(const qr_tensor_view&, void*, float amax[2]) override { amax[0] = amax[1] = 0; }
+  void quantize(const qr_tensor_view& src, const qr_quantize_args&, qr_quantized_tensor& dst) override {
+    qrecipe::TensorView s(src);
+    QR_CHECK(s.dtype() == qrecipe::DType::f32 && s.is_contiguous(), "toy takes contiguous f32");
+    if (dst.usage & QR_USAGE_ROWWISE)
+      std::memcpy(dst.rowwise.data.data, s.data(), static_cast<std::size_t>(s.nbytes()));
+  }
+  void dequantize(const qr_quantized_tensor& src, qr_direction, const qr_tensor_view& dst, void*) override {
+    std::memcpy(dst.data, src.rowwise.data.data, static_cast<std::size_t>(src.rows * src.cols * 4));
+  }
+  std::string describe() const override { return "toy"; }
+};
+
+constexpr qr_option_schema kSchema[] = {
+    qrecipe::sdk::option_bool("flag", "false", "a toy option"),
+};
+
+}  // namespace
+
+#if defined(BROKEN_CASE_good) || defined(BROKEN_CASE_duplicate) || defined(BROKEN_CASE_renamed) || \
+    defined(BROKEN_CASE_throwing_factory) || defined(BROKEN_CASE_missing_dependency)
+#if defined(BROKEN_CASE_missing_dependency)
+extern "C" int qrecipe_test_missing_dep_value();
+static int g_dep = qrecipe_test_missing_dep_value();
+#endif
+QR_DEFINE_PLUGIN(ToyQuantizer, "toy", "1.0.0", "toy format for registry tests", kSchema,
+                 1u << QR_DEVICE_CPU)
+
+#elif defined(BROKEN_CASE_no_abi_symbol)
+extern "C" QR_PLUGIN_EXPORT int some_unrelated_function() { return 1; }
+
+#elif defined(BROKEN_CASE_no_entry_symbol)
+extern "C" QR_PLUGIN_EXPORT const uint32_t qrecipe_plugin_abi = QR_PLUGIN_ABI_VERSION;
+
+#elif defined(BROKEN_CASE_wrong_abi)
+extern "C" QR_PLUGIN_EXPORT const uint32_t qrecipe_plugin_abi = 999;
+extern "C" QR_PLUGIN_EXPORT const qr_plugin_descriptor* qrecipe_plugin_entry(const qr_host_api*) {
+  // Must never run: the registry reads the ABI number first.
+  __builtin_trap();
+}
+
+#elif defined(BROKEN_CASE_entry_returns_null)
+extern "C" QR_PLUGIN_EXPORT const uint32_t qrecipe_plugin_abi = QR_PLUGIN_ABI_VERSION;
+extern "C" QR_PLUGIN_EXPORT const qr_plugin_descriptor* qrecipe_plugin_entry(const qr_host_api*) {
+  return nullptr;
+}
+
+#else  // cases that return a tampered descriptor
+extern "C" QR_PLUGIN_EXPORT const uint32_t qrecipe_plugin_abi = QR_PLUGIN_ABI_VERSION;
+extern "C" QR_PLUGIN_EXPORT const qr_plugin_descriptor* qrecipe_plugin_entry(const qr_host_api* host) {
+  static qr_plugin_descriptor d = qrecipe::sdk::make_descriptor<ToyQuantizer>(
+      "tampered", "0.0.1", "tampered descriptor", 1u, 0, "", kSchema, 1, &qrecipe::sdk::no_extras);
+  qrecipe::sdk::host() = host;
+#if defined(BROKEN_CASE_descriptor_abi)
+  d.abi_version = 7;
+#elif defined(BROKEN_CASE_small_descriptor)
+  d.struct_size = 16;
+#elif defined(BROKEN_CASE_missing_slot)
+  d.quantize = nullptr;
+#endif
+  return &d;
+}
+#endif

@@ -1,0 +1,86 @@
+// Engine: role resolution (first match, cached per role, none -> no quantizer) and the shared
+// delayed-scaling states (amaxes reduced by the caller, one update for all of them).
+#include <doctest/doctest.h>
+
+#include <vector>
+
+#include "qrecipe/engine.hpp"
+
+using namespace qrecipe;
+
+namespace {
+bool have_float8() { return Registry::shared()->find("float8") != nullptr; }
+
+const char* kRecipe = R"(
+version: 1
+name: engine-test
+defaults: {format: none}
+rules:
+  - match: {name: "delayed.*"}
+    quantizer: {format: float8, scaling: delayed, amax_history_len: 4}
+  - match: {tensor_type: [input, weight]}
+    quantizer: {format: float8}
+)";
+}  // namespace
+
+TEST_CASE("resolve: first match, cached per role, none gives no quantizer") {
+  if (!have_float8()) {
+    MESSAGE("not supported: float8 plugin not built");
+    return;
+  }
+  Engine engine(Recipe::parse(kRecipe, "engine-test.yaml"));
+  const QuantizerRole in{"linear", "input", "layers.0.fc1"};
+  const auto q = engine.resolve(in);
+  REQUIRE(q != nullptr);
+  CHECK(q->format() == "float8");
+  CHECK(q->role() == in);
+  CHECK(engine.resolve(in) == q);                                     // cached
+  CHECK(engine.resolve({"linear", "weight", "layers.0.fc1"}) != q);   // one per role
+  CHECK(engine.resolve({"linear", "grad_output", "layers.0.fc1"}) == nullptr);  // defaults: none
+  CHECK(engine.scaling_states().empty());                             // current scaling: stateless
+}
+
+TEST_CASE("delayed scaling: one state per stateful quantizer, caller-reduced amaxes") {
+  if (!have_float8()) {
+    MESSAGE("not supported: float8 plugin not built");
+    return;
+  }
+  Engine engine(Recipe::parse(kRecipe, "engine-test.yaml"));
+  const auto qa = engine.resolve({"linear", "input", "delayed.a"});
+  const auto qb = engine.resolve({"linear", "input", "delayed.b"});
+  REQUIRE(engine.scaling_states().size() == 2);
+  float xa[4] = {1.0f, -2.0f, 0.5f, 0.0f};  // amax 2
+  float xb[4] = {8.0f, 0.0f, 0.0f, 0.0f};   // amax 8
+  qa->quantize(TensorView(xa, DType::f32, {2, 2}), QR_USAGE_ROWWISE);
+  qb->quantize(TensorView(xb, DType::f32, {2, 2}), QR_USAGE_ROWWISE);
+  const auto amaxes = engine.current_amaxes();
+  REQUIRE(amaxes.size() == 2);
+  CHECK(amaxes[0] == 2.0f);
+  CHECK(amaxes[1] == 8.0f);
+  // Another rank saw a larger amax for the first tensor: the reduced value decides.
+  engine.update_scaling({16.0f, 8.0f});
+  CHECK(*engine.scaling_states()[0]->c.scale == 448.0f / 16.0f);
+  CHECK(*engine.scaling_states()[1]->c.scale == 448.0f / 8.0f);
+  CHECK(*engine.scaling_states()[0]->c.scale_inv == 1.0f / (448.0f / 16.0f));
+  CHECK(engine.scaling_states()[0]->c.amax_history[0] == 0.0f);  // row 0 cleared for the next step
+  CHECK(engine.scaling_states()[0]->c.amax_history[3] == 16.0f); // newest entry
+  CHECK_THROWS_WITH_AS(engine.update_scaling({1.0f}), doctest::Contains("1 amaxes for 2 scaling states"),
+                       Error);
+}
+
+TEST_CASE("an invalid spec made in code fails before the plugin sees it") {
+  if (!have_float8()) {
+    MESSAGE("not supported: float8 plugin not built");
+    return;
+  }
+  Engine engine(Recipe::parse(kRecipe, "engine-test.yaml"));
+  QuantizerSpec bad;
+  bad.format = "float8";
+  bad.options.emplace_back("no_such_option", OptionValue::of_bool(true));
+  CHECK_THROWS_WITH_AS(engine.make_quantizer(bad, {"linear", "input", "x"}),
+                       doctest::Contains("no_such_option"), RecipeError);
+  QuantizerSpec unknown;
+  unknown.format = "fp8";
+  CHECK_THROWS_WITH_AS(engine.make_quantizer(unknown, {"linear", "input", "x"}),
+                       doctest::Contains("unknown format 'fp8'"), RecipeError);
+}
