@@ -1,0 +1,293 @@
+#!/usr/bin/env bash
+# The one script for a GPU machine: build with CUDA, run every C++ suite (test_gpu_parity
+# included: CUDA == CPU bit for bit) and the quantize benchmark.
+#
+#   tools/gpu_check.sh [configure|build|test|bench|all]...   (default: all = build test bench)
+#
+#   configure  unpack .deps and configure only (build does this too when needed)
+#   build      unpack, configure unless $BUILD_DIR/CMakeCache.txt exists, build everything
+#   test       ctest -j8 (every suite, test_gpu_parity included)
+#   bench      bench_quantize --out $OUT/bench.json
+#
+# It needs nvcc, cmake (>= 3.24), ninja (or make) and python3 on the machine, and the Debian
+# packages of the other dependencies in .deps/ (libyaml-cpp-dev, libyaml-cpp0.7,
+# libboost1.74-dev, doctest-dev): they are unpacked with `dpkg -x` into $QRECIPE_DEPS_PREFIX
+# (default /opt/deps; nothing is installed system-wide, no network is used).
+#
+# Environment:
+#   OUT                  where logs and bench.json go (default ./gpu-out)
+#   BUILD_DIR            build directory (default build-gpu-run; kept between calls, configure
+#                        is skipped when its CMakeCache.txt exists)
+#   QRECIPE_DEPS_PREFIX  where the .deb files are unpacked (default /opt/deps)
+#   CUDA_ARCHS           CMAKE_CUDA_ARCHITECTURES (default 90a)
+#   JOBS                 build and ctest parallelism (default: nproc for the build, 8 for ctest)
+#   BENCH_ARGS           extra arguments for bench_quantize (e.g. "--runs 50")
+#   CMAKE_ARGS           extra arguments for the configure step
+#   QRECIPE_COMMIT       recorded in bench.json (default: git rev-parse HEAD, or "unknown")
+#
+# Output: $OUT/<stage>.log per stage (plus env.log, configure.log, ctest_full.log with the
+# output of every test, bench.json), each stage timed, and a summary table printed last.
+# Exit status: non-zero if any stage failed.
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+OUT=${OUT:-$root/gpu-out}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+BUILD_DIR=${BUILD_DIR:-$root/build-gpu-run}
+DEPS=${QRECIPE_DEPS_PREFIX:-/opt/deps}
+CUDA_ARCHS=${CUDA_ARCHS:-90a}
+NPROC=$(nproc 2>/dev/null || echo 8)
+BUILD_JOBS=${JOBS:-$NPROC}
+TEST_JOBS=${JOBS:-8}
+MULTIARCH=x86_64-linux-gnu
+
+stages=("$@")
+[[ ${#stages[@]} -eq 0 ]] && stages=(all)
+if [[ " ${stages[*]} " == *" all "* ]]; then stages=(build test bench); fi
+for s in "${stages[@]}"; do
+  case $s in configure|build|test|bench) ;;
+    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, all)" >&2; exit 2 ;;
+  esac
+done
+
+declare -A status seconds
+summary_order=()
+
+# stage NAME FUNCTION: runs FUNCTION with its output in $OUT/NAME.log (tail shown on failure).
+stage() {
+  local name=$1 fn=$2 t0=$SECONDS rc
+  echo "=== [$name] start (log: $OUT/$name.log)"
+  "$fn" >"$OUT/$name.log" 2>&1
+  rc=$?
+  seconds[$name]=$((SECONDS - t0))
+  summary_order+=("$name")
+  if [[ $rc -eq 0 ]]; then
+    status[$name]=ok
+  else
+    status[$name]="FAILED (rc $rc)"
+    echo "--- last 60 lines of $name.log:"
+    tail -n 60 "$OUT/$name.log"
+  fi
+  echo "=== [$name] ${status[$name]} in ${seconds[$name]} s"
+  return $rc
+}
+
+# ---------------------------------------------------------------- dependencies
+
+# Unpacks .deps/*.deb into $DEPS once (a stamp records which files were unpacked).
+unpack_deps() {
+  shopt -s nullglob
+  local debs=("$root"/.deps/*.deb)
+  shopt -u nullglob
+  if [[ ${#debs[@]} -eq 0 ]]; then
+    echo "no .deb files in $root/.deps; copy libyaml-cpp-dev, libyaml-cpp0.7, libboost1.74-dev" \
+         "and doctest-dev there (the remote run must carry .deps: it is git-ignored)"
+    return 1
+  fi
+  local stamp="$DEPS/.qrecipe-deps-stamp" want
+  want=$(cd "$root/.deps" && ls -l --time-style=+%s ./*.deb | awk '{print $5, $6, $7}')
+  if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]]; then
+    echo "dependencies already unpacked in $DEPS"
+    return 0
+  fi
+  mkdir -p "$DEPS" || return 1
+  for f in "${debs[@]}"; do
+    echo "unpacking $(basename "$f") into $DEPS"
+    if command -v dpkg >/dev/null; then
+      dpkg -x "$f" "$DEPS" || return 1
+    else  # no dpkg: a .deb is an ar archive holding data.tar.*
+      python3 - "$f" "$DEPS" <<'PY' || return 1
+import io, sys, tarfile
+deb, dest = sys.argv[1], sys.argv[2]
+data = open(deb, "rb").read()
+assert data[:8] == b"!<arch>\n", deb + " is not a .deb (ar) archive"
+pos = 8
+while pos < len(data):
+    name = data[pos:pos + 16].decode().strip().rstrip("/")
+    size = int(data[pos + 48:pos + 58].decode().strip())
+    body = data[pos + 60:pos + 60 + size]
+    if name.startswith("data.tar"):
+        tarfile.open(fileobj=io.BytesIO(body)).extractall(dest)
+    pos += 60 + size + (size & 1)
+PY
+    fi
+  done
+  echo "$want" >"$stamp"
+}
+
+# ---------------------------------------------------------------- configure + build
+
+find_cublaslt_include() {
+  local c
+  for c in "${CUDAToolkit_ROOT:-}/include" /usr/local/cuda/include /usr/local/cuda/targets/x86_64-linux/include \
+           /usr/local/cuda-*/include /usr/local/cuda-*/targets/x86_64-linux/include /usr/include; do
+    [[ -f $c/cublasLt.h ]] && { echo "$c"; return 0; }
+  done
+  c=$(python3 - 2>/dev/null <<'PY'
+import glob, os
+try:
+    import nvidia
+except ImportError:
+    raise SystemExit(0)
+for base in nvidia.__path__:
+    for sub in ("cu13/include", "cublas/include"):
+        if os.path.isfile(os.path.join(base, sub, "cublasLt.h")):
+            print(os.path.join(base, sub)); raise SystemExit(0)
+PY
+)
+  [[ -n $c ]] && echo "$c"
+}
+
+configure() {
+  local nvcc cublas generator=()
+  nvcc=$(command -v nvcc || true)
+  [[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
+  if [[ -z $nvcc ]]; then echo "nvcc not found (PATH or /usr/local/cuda/bin)"; return 1; fi
+  cublas=$(find_cublaslt_include)
+  echo "nvcc: $nvcc"
+  echo "cublasLt.h: ${cublas:-not found (configure will say what to do)}"
+  command -v ninja >/dev/null && generator=(-G Ninja)
+  local args=(
+    -S "$root" -B "$BUILD_DIR" "${generator[@]}"
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    -DQRECIPE_CUDA=ON -DQRECIPE_PYTHON=OFF
+    -DCMAKE_CUDA_COMPILER="$nvcc"
+    -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCHS"
+    -DCMAKE_PREFIX_PATH="$DEPS/usr"
+    # Explicit config directories: found even where CMake does not search the Debian
+    # multiarch directory (CMAKE_LIBRARY_ARCHITECTURE empty on non-Debian hosts).
+    -Dyaml-cpp_DIR="$DEPS/usr/lib/$MULTIARCH/cmake/yaml-cpp"
+    -Ddoctest_DIR="$DEPS/usr/lib/cmake/doctest"
+    -DBoost_DIR="$DEPS/usr/lib/$MULTIARCH/cmake/Boost-1.74.0"
+    -DBoost_INCLUDE_DIR="$DEPS/usr/include"
+    -DBOOST_ROOT="$DEPS/usr"
+  )
+  [[ -n $cublas ]] && args+=(-DQRECIPE_CUBLASLT_INCLUDE_DIR="$cublas")
+  # shellcheck disable=SC2206  # CMAKE_ARGS is a list of words on purpose
+  [[ -n ${CMAKE_ARGS:-} ]] && args+=(${CMAKE_ARGS})
+  echo "cmake ${args[*]}"
+  cmake "${args[@]}" || return 1
+  # Where the dependencies were found (they must all be under $DEPS on the GPU machine).
+  grep -E '^(yaml-cpp_DIR|doctest_DIR|Boost_DIR|Boost_INCLUDE_DIR|QRECIPE_CUBLASLT_INCLUDE_DIR|CMAKE_CUDA_COMPILER):' \
+    "$BUILD_DIR/CMakeCache.txt"
+}
+
+print_env() {
+  echo "--- environment"
+  {
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    uname -a
+    nvidia-smi -L 2>&1 || echo "nvidia-smi not available"
+    (command -v nvcc >/dev/null && nvcc --version) || /usr/local/cuda/bin/nvcc --version
+    cmake --version | head -1
+    command -v ninja >/dev/null && echo "ninja $(ninja --version)"
+    echo "cores: $NPROC"
+  } 2>&1 | tee "$OUT/env.log"
+}
+
+do_configure() {
+  print_env
+  echo "--- dependencies"
+  unpack_deps || return 1
+  echo "--- configure"
+  configure  # this stage's log is configure.log already
+}
+
+do_build() {
+  print_env
+  echo "--- dependencies"
+  unpack_deps || return 1
+  if [[ -f $BUILD_DIR/CMakeCache.txt ]]; then
+    echo "--- configure skipped: $BUILD_DIR/CMakeCache.txt exists (delete $BUILD_DIR to reconfigure)"
+  else
+    echo "--- configure"
+    configure 2>&1 | tee "$OUT/configure.log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || return 1
+  fi
+  echo "--- build (-j$BUILD_JOBS)"
+  cmake --build "$BUILD_DIR" -j "$BUILD_JOBS"
+}
+
+# The shared libyaml-cpp.so.0.7 from the .deb (the static archive in libyaml-cpp-dev is not
+# position-independent, so it cannot go into libqrecipe.so). CMake's build RPATH finds it too;
+# this is a second way.
+runtime_env() {
+  export LD_LIBRARY_PATH="$DEPS/usr/lib/$MULTIARCH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+
+# ---------------------------------------------------------------- test
+
+do_test() {
+  runtime_env
+  if [[ ! -f $BUILD_DIR/CTestTestfile.cmake ]]; then echo "no build in $BUILD_DIR: run the build stage first"; return 1; fi
+  (cd "$BUILD_DIR" && ctest -j "$TEST_JOBS" --output-on-failure --timeout 1800)
+  local rc=$?
+  # ctest keeps the full output of every test, passing ones included.
+  cp "$BUILD_DIR/Testing/Temporary/LastTest.log" "$OUT/ctest_full.log" 2>/dev/null || true
+  return $rc
+}
+
+# ---------------------------------------------------------------- bench
+
+do_bench() {
+  runtime_env
+  local bin=$BUILD_DIR/bin/bench_quantize
+  if [[ ! -x $bin ]]; then echo "no $bin: run the build stage first"; return 1; fi
+  if [[ -z ${QRECIPE_COMMIT:-} ]]; then
+    QRECIPE_COMMIT=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
+    if [[ $QRECIPE_COMMIT != unknown ]] && [[ -n $(git -C "$root" status --porcelain 2>/dev/null) ]]; then
+      QRECIPE_COMMIT="$QRECIPE_COMMIT-dirty"
+    fi
+  fi
+  export QRECIPE_COMMIT
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of words on purpose
+  "$bin" --out "$OUT/bench.json" ${BENCH_ARGS:-}
+}
+
+# ---------------------------------------------------------------- summary
+
+print_summary() {
+  echo
+  echo "================ gpu_check summary ================"
+  printf '| %-9s | %-14s | %7s |\n' stage status seconds
+  printf '|-----------|----------------|---------|\n'
+  for s in "${summary_order[@]}"; do printf '| %-9s | %-14s | %7s |\n' "$s" "${status[$s]}" "${seconds[$s]}"; done
+  if [[ -f $OUT/test.log && " ${summary_order[*]} " == *" test "* ]]; then
+    echo
+    grep -E 'tests passed, [0-9]+ tests? failed out of' "$OUT/test.log" || echo "tests: no ctest summary line (see test.log)"
+    grep -E '^\s+[0-9]+ - .* \((Failed|Timeout|Subprocess aborted|SEGFAULT|Not Run|Exception)' "$OUT/test.log" || true
+    if [[ -f $OUT/ctest_full.log ]]; then
+      echo "test_gpu_parity:"
+      grep -E 'MESSAGE: (not supported|cuda:|[0-9]+ format|.* cases in )' "$OUT/ctest_full.log" \
+        | sed -E 's/^.*MESSAGE: /  /' || true
+    fi
+  fi
+  if [[ -f $OUT/bench.json && " ${summary_order[*]} " == *" bench "* ]]; then
+    echo
+    python3 - "$OUT/bench.json" <<'PY' || echo "bench.json could not be read"
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"bench on {d['device']} (commit {d['commit']}, {d['date']})")
+print("| name | ms | GB/s | ratio | read_once_ratio |")
+print("|---|---:|---:|---:|---:|")
+for r in d["records"]:
+    ro = r.get("read_once_ratio")
+    print(f"| {r['name']} | {r['ms']:.4f} | {r['value']:.1f} | {r['ratio']:.3f} | "
+          f"{'' if ro is None else f'{ro:.3f}'} |")
+PY
+  fi
+}
+
+failed=0
+for s in "${stages[@]}"; do
+  case $s in
+    configure) stage configure do_configure || { failed=1; break; } ;;
+    build) stage build do_build || { failed=1; break; } ;;  # nothing to test without a build
+    test) stage test do_test || failed=1 ;;
+    bench) stage bench do_bench || failed=1 ;;
+  esac
+done
+print_summary
+exit $failed
