@@ -92,7 +92,17 @@ Registry::Registry(RegistryOptions options) {
   if (options.use_library_dir) {
     boost::dll::fs::error_code ec;
     const auto here = boost::dll::this_line_location(ec);
-    if (!ec) search_path_.push_back({here.parent_path().string(), "engine library dir"});
+    if (!ec) {
+      // Build trees put plugins beside the engine library; installs put them in
+      // <libdir>/qrecipe/plugins, found this way whatever the install prefix.
+      const fs::path lib_dir = here.parent_path().string();
+      search_path_.push_back({lib_dir.string(), "engine library dir"});
+      const fs::path installed = lib_dir / "qrecipe" / "plugins";
+      std::error_code exists_ec;
+      if (fs::is_directory(installed, exists_ec) &&
+          installed.string() != QRECIPE_INSTALL_PLUGIN_DIR)
+        search_path_.push_back({installed.string(), "engine library dir"});
+    }
   }
   for (const auto& entry : search_path_) scan(entry);
 }

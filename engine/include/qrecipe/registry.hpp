@@ -4,7 +4,8 @@
 //   1. paths given through the API (RegistryOptions::paths: directories or .so files)
 //   2. QRECIPE_PLUGIN_PATH (colon-separated directories or files)
 //   3. the install directory baked in by CMake (QRECIPE_INSTALL_PLUGIN_DIR)
-//   4. the directory of the engine library itself
+//   4. the directory of the engine library itself, and its qrecipe/plugins subdirectory
+//      (where `cmake --install` puts plugins, whatever the prefix)
 // In a directory, every file named libqrecipe_<name>.so is a plugin candidate.
 //
 // Loading a candidate: Boost.DLL opens it, the data symbol `qrecipe_plugin_abi` is read and
