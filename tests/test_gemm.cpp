@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -327,4 +328,56 @@ rules:
   CHECK(hp.input_q == nullptr);
   CHECK(hp.fprop.plan.path == P::dense);
   CHECK_THROWS_AS(engine.plan_linear("linear", "x", 0, 512, 1024, GemmTarget::cpu), Error);
+}
+
+TEST_CASE("every shipped recipe: the three GEMMs equal FP64 on the decoded operands") {
+  const char* root = std::getenv("QRECIPE_SOURCE_DIR");
+  REQUIRE_MESSAGE(root != nullptr, "QRECIPE_SOURCE_DIR is not set (run through ctest)");
+  auto reg = registry();
+  const std::int64_t M = 32, K = 48, N = 32;  // tokens (multiple of 16 for Hadamard), in, out
+  auto to_bf16 = [](const std::vector<float>& v) {
+    std::vector<std::uint16_t> b(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) b[i] = num::f32_to_bf16(v[i]);
+    return b;
+  };
+  auto x = to_bf16(random_normal(static_cast<std::size_t>(M * K), 21));
+  auto w = to_bf16(random_normal(static_cast<std::size_t>(N * K), 22, 0.1f));
+  auto dy = to_bf16(random_normal(static_cast<std::size_t>(M * N), 23, 0.01f));
+  for (const char* name : {"default", "float8_delayed", "mxfp8", "nvfp4", "blockwise", "hybrid_seed",
+                           "hybrid_fp8_mx"}) {
+    CAPTURE(std::string(name));
+    Engine engine(Recipe::load(std::string(root) + "/recipes/" + name + ".yaml"), reg);
+    const auto qx = engine.resolve({"linear", "input", "layers.0.fc1"});
+    const auto qw = engine.resolve({"linear", "weight", "layers.0.fc1"});
+    const auto qdy = engine.resolve({"linear", "grad_output", "layers.0.fc1"});
+    REQUIRE((qx && qw && qdy));
+    const auto both = QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE;
+    const auto tx = qx->quantize(TensorView(x.data(), DType::bf16, {M, K}), both);
+    const auto tw = qw->quantize(TensorView(w.data(), DType::bf16, {N, K}), both);
+    const auto tdy = qdy->quantize(TensorView(dy.data(), DType::bf16, {M, N}), both);
+    // Decoded operands, each in the direction its GEMM reads, as [outer, inner].
+    auto decoded = [](const Quantizer& q, const QuantizedTensor& t, qr_direction d) {
+      const Tensor f = q.dequantize(t, d);
+      std::vector<float> v(f.data_as<float>(), f.data_as<float>() + f.numel());
+      return d == QR_DIRECTION_ROWWISE ? v : transpose(v, t.rows(), t.cols());
+    };
+    struct G {
+      const Quantizer& qa; const QuantizedTensor& ta; qr_direction da;
+      const Quantizer& qb; const QuantizedTensor& tb; qr_direction db;
+    };
+    const auto R = QR_DIRECTION_ROWWISE, C = QR_DIRECTION_COLUMNWISE;
+    const G gemms[] = {{*qx, tx, R, *qw, tw, R}, {*qdy, tdy, R, *qw, tw, C}, {*qdy, tdy, C, *qx, tx, C}};
+    for (const auto& g : gemms) {
+      const auto A = GemmOperand::quantized(g.ta, g.qa, g.da);
+      const auto B = GemmOperand::quantized(g.tb, g.qb, g.db);
+      const std::int64_t m = A.outer(), n = B.outer(), k = A.inner();
+      std::vector<float> out(static_cast<std::size_t>(m * n));
+      gemm(A, B, TensorView(out.data(), DType::f32, {m, n}));
+      const auto a = decoded(g.qa, g.ta, g.da), b = decoded(g.qb, g.tb, g.db);
+      const auto want = product_f64(a, b, m, n, k);
+      for (std::int64_t i = 0; i < m; ++i)
+        for (std::int64_t j = 0; j < n; ++j)
+          REQUIRE(std::fabs(out[i * n + j] - want[i * n + j]) <= fp32_accumulation_bound(a, b, i, j, k));
+    }
+  }
 }
