@@ -18,7 +18,8 @@
 #   OUT                  where logs and bench.json go (default ./gpu-out)
 #   BUILD_DIR            build directory (default build-gpu-run; kept between calls, configure
 #                        is skipped when its CMakeCache.txt exists)
-#   QRECIPE_DEPS_PREFIX  where the .deb files are unpacked (default /opt/deps)
+#   QRECIPE_DEPS_PREFIX  where the .deb files are unpacked (default /opt/deps, or
+#                        $BUILD_DIR-deps when /opt is not writable)
 #   CUDA_ARCHS           CMAKE_CUDA_ARCHITECTURES (default 90a)
 #   JOBS                 build and ctest parallelism (default: nproc for the build, 8 for ctest)
 #   BENCH_ARGS           extra arguments for bench_quantize (e.g. "--runs 50")
@@ -37,6 +38,8 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 BUILD_DIR=${BUILD_DIR:-$root/build-gpu-run}
 DEPS=${QRECIPE_DEPS_PREFIX:-/opt/deps}
+# Without write access to /opt (not root), unpack beside the build instead.
+if [[ -z ${QRECIPE_DEPS_PREFIX:-} ]] && ! mkdir -p "$DEPS" 2>/dev/null; then DEPS=$BUILD_DIR-deps; fi
 CUDA_ARCHS=${CUDA_ARCHS:-90a}
 NPROC=$(nproc 2>/dev/null || echo 8)
 BUILD_JOBS=${JOBS:-$NPROC}
@@ -256,12 +259,15 @@ print_summary() {
   for s in "${summary_order[@]}"; do printf '| %-9s | %-14s | %7s |\n' "$s" "${status[$s]}" "${seconds[$s]}"; done
   if [[ -f $OUT/test.log && " ${summary_order[*]} " == *" test "* ]]; then
     echo
-    grep -E 'tests passed, [0-9]+ tests? failed out of' "$OUT/test.log" || echo "tests: no ctest summary line (see test.log)"
+    grep -E '% tests passed' "$OUT/test.log" || echo "tests: no ctest summary line (see test.log)"
     grep -E '^\s+[0-9]+ - .* \((Failed|Timeout|Subprocess aborted|SEGFAULT|Not Run|Exception)' "$OUT/test.log" || true
     if [[ -f $OUT/ctest_full.log ]]; then
+      # This suite's own output inside ctest's log: its messages, first errors, doctest totals.
       echo "test_gpu_parity:"
-      grep -E 'MESSAGE: (not supported|cuda:|[0-9]+ format|.* cases in )' "$OUT/ctest_full.log" \
-        | sed -E 's/^.*MESSAGE: /  /' || true
+      awk '/^[0-9]+\/[0-9]+ Test: test_gpu_parity$/{on=1} on{print} on&&/^<end of output>/{exit}' \
+        "$OUT/ctest_full.log" >"$OUT/test_gpu_parity.log"
+      grep -E 'MESSAGE: |ERROR: |\[doctest\] (test cases|assertions)' "$OUT/test_gpu_parity.log" \
+        | sed -E 's/^.*(MESSAGE|ERROR): /  \1: /' | grep -v 'supports cpu only' | head -n 40
     fi
   fi
   if [[ -f $OUT/bench.json && " ${summary_order[*]} " == *" bench "* ]]; then
