@@ -239,7 +239,7 @@ do_bench() {
   local bin=$BUILD_DIR/bin/bench_quantize
   if [[ ! -x $bin ]]; then echo "no $bin: run the build stage first"; return 1; fi
   if [[ -z ${QRECIPE_COMMIT:-} ]]; then
-    QRECIPE_COMMIT=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
+    QRECIPE_COMMIT=$(git -C "$root" rev-parse --verify -q HEAD 2>/dev/null) || QRECIPE_COMMIT=unknown
     if [[ $QRECIPE_COMMIT != unknown ]] && [[ -n $(git -C "$root" status --porcelain 2>/dev/null) ]]; then
       QRECIPE_COMMIT="$QRECIPE_COMMIT-dirty"
     fi
