@@ -29,7 +29,8 @@ std::string OptionSchema::describe() const {
   }
   if ((type == QR_OPTION_INT || type == QR_OPTION_FLOAT) && (min_value != 0 || max_value != 0))
     os << " in [" << min_value << ", " << max_value << "]";
-  if (!default_value.empty()) os << " = " << default_value;
+  if (required) os << " (required)";
+  else if (!default_value.empty()) os << " = " << default_value;
   if (!help.empty()) os << "  -- " << help;
   return os.str();
 }
@@ -66,6 +67,7 @@ FormatPlugin::FormatPlugin(std::string path, const qr_plugin_descriptor* d)
     s.min_value = o.min_value;
     s.max_value = o.max_value;
     s.help = str_or_empty(o.help);
+    s.required = o.required != 0;
     options_.push_back(std::move(s));
   }
 }

@@ -640,6 +640,11 @@ class Validator {
       }
       if (auto typed = option(*schema, value, key_path)) out.options.emplace_back(key, *typed);
     }
+    for (const auto& schema : plugin->options())
+      if (schema.required && !seen.count(schema.key))
+        fail(in.location, child_path(path, schema.key),
+             "format '" + in.format + "' requires option '" + schema.key + "' (" +
+                 schema.type_name() + ": " + schema.help + ")");
     return out;
   }
 

@@ -390,13 +390,13 @@ class HybridQuantizer final : public sdk::QuantizerBase {
 };
 
 constexpr qr_option_schema kSchema[] = {
-    sdk::option_quantizer("rowwise", "required",
-                          "quantizer spec of the rowwise direction (blocks along the last "
-                          "dimension: fprop operands, dgrad's grad_output), e.g. {format: float8}; "
-                          "any format except one that takes quantizers itself"),
-    sdk::option_quantizer("columnwise", "required",
-                          "quantizer spec of the columnwise direction (blocks along the first "
-                          "dimension: dgrad's weight, wgrad operands), e.g. {format: mxfp8}"),
+    sdk::required(sdk::option_quantizer(
+        "rowwise", "", "quantizer spec of the rowwise direction (blocks along the last "
+        "dimension: fprop operands, dgrad's grad_output), e.g. {format: float8}; "
+        "any format except one that takes quantizers itself")),
+    sdk::required(sdk::option_quantizer(
+        "columnwise", "", "quantizer spec of the columnwise direction (blocks along the first "
+        "dimension: dgrad's weight, wgrad operands), e.g. {format: mxfp8}")),
     sdk::option_enum("columnwise_source", "input", kSourceChoices,
                      "input: quantize the columnwise side from the input; rowwise_dequantized: "
                      "from the decoded rowwise data, so both directions hold the same values "

@@ -601,7 +601,8 @@ TEST_CASE("hybrid: a missing or unusable side is a clear error") {
     s.format = "hybrid";
     s.options.emplace_back("rowwise", OptionValue::of_spec(spec("float8", {{"scaling", "delayed"}})));
     CHECK_THROWS_WITH_AS(engine->make_quantizer(s, role()),
-                         doctest::Contains("option 'columnwise' is missing"), qrecipe::Error);
+                         doctest::Contains("format 'hybrid' requires option 'columnwise'"),
+                         qrecipe::RecipeError);
     // Both sides are checked before either is built: no orphan scaling state in the engine.
     CHECK(engine->scaling_states().empty());
   }
@@ -610,7 +611,20 @@ TEST_CASE("hybrid: a missing or unusable side is a clear error") {
     s.format = "hybrid";
     s.options.emplace_back("columnwise", OptionValue::of_spec(spec("float8")));
     CHECK_THROWS_WITH_AS(engine->make_quantizer(s, role()),
-                         doctest::Contains("option 'rowwise' is missing"), qrecipe::Error);
+                         doctest::Contains("format 'hybrid' requires option 'rowwise'"),
+                         qrecipe::RecipeError);
+  }
+  SUBCASE("missing side in a recipe file: reported by the check, with its location") {
+    const std::string yaml =
+        "version: 1\n"
+        "defaults:\n"
+        "  format: hybrid\n"  // line 3: the spec that lacks a side
+        "  rowwise: {format: float8}\n";
+    const std::string what = recipe_error(yaml, "oneside.yaml");
+    INFO(what);
+    CHECK(what.find("oneside.yaml:3:") != std::string::npos);
+    CHECK(what.find("defaults.columnwise") != std::string::npos);
+    CHECK(what.find("requires option 'columnwise'") != std::string::npos);
   }
   SUBCASE("format none on one side") {
     CHECK_THROWS_WITH_AS(engine->make_quantizer(hybrid(spec("float8"), spec("none")), role()),

@@ -11,15 +11,34 @@ namespace {
 
 bool bounded(const OptionSchema& o) { return !(o.min_value == 0.0 && o.max_value == 0.0); }
 
-// validate_spec must reject {key: value} with an error naming the key (and `also`, if given).
-void expect_rejected(const std::string& format, const Registry& registry, const std::string& key,
-                     OptionValue value, const std::string& shown, const std::string& also = "") {
-  QuantizerSpec s;
-  s.format = format;
-  s.options.emplace_back(key, std::move(value));
+// The spec every option check starts from: the required options of the format, taken from
+// the suite's first case (a format with a required option must give one), and nothing else.
+QuantizerSpec base_spec(const Suite& suite, const FormatPlugin& plugin) {
+  QuantizerSpec base;
+  base.format = suite.format;
+  for (const OptionSchema& o : plugin.options()) {
+    if (!o.required) continue;
+    const OptionValue* v = suite.cases.empty() ? nullptr : suite.cases.front().spec.find(o.key);
+    REQUIRE_MESSAGE(v != nullptr, "format '" << suite.format << "' requires option '" << o.key
+                                             << "': give it in the suite's first case");
+    base.options.emplace_back(o.key, *v);
+  }
+  return base;
+}
+
+// `base` with `key` set to `value` (replacing any value it had).
+QuantizerSpec with_option(QuantizerSpec base, const std::string& key, OptionValue value) {
+  std::erase_if(base.options, [&](const auto& kv) { return kv.first == key; });
+  base.options.emplace_back(key, std::move(value));
+  return base;
+}
+
+// validate_spec must reject `s` with an error naming `key` (and `also`, if given).
+void expect_rejected(const QuantizerSpec& s, const Registry& registry, const std::string& key,
+                     const std::string& shown, const std::string& also = "") {
   try {
     validate_spec(s, registry);
-    FAIL_CHECK("validate_spec accepted " << key << " = " << shown << " for format '" << format
+    FAIL_CHECK("validate_spec accepted " << key << " = " << shown << " for format '" << s.format
                                          << "'; the option schema should make it an error");
   } catch (const Error& e) {
     const std::string msg = e.what();
@@ -32,11 +51,9 @@ void expect_rejected(const std::string& format, const Registry& registry, const 
   }
 }
 
-void expect_accepted(const std::string& format, const Registry& registry, const std::string& key,
+void expect_accepted(const QuantizerSpec& s, const Registry& registry, const std::string& key,
                      const std::string& text) {
-  attempt("validate_spec of " + key + " = " + text, [&] {
-    validate_spec(spec(format, {{key, text}}), registry);
-  });
+  attempt("validate_spec of " + key + " = " + text, [&] { validate_spec(s, registry); });
 }
 
 }  // namespace
@@ -63,59 +80,73 @@ void check_options(const Suite& suite, const Registry& registry) {
       CHECK_MESSAGE(o.min_value <= o.max_value, "min " << o.min_value << " > max " << o.max_value);
   }
 
+  const QuantizerSpec base = base_spec(suite, plugin);
+  auto set = [&](const std::string& key, OptionValue v) { return with_option(base, key, std::move(v)); };
+  auto text = [&](const std::string& key, const std::string& t) {
+    return with_option(base, key, OptionValue::of_string(t));
+  };
+
   // An unknown key.
-  expect_rejected(f, registry, "no_such_option_for_conformance", OptionValue::of_string("1"), "1");
+  expect_rejected(set("no_such_option_for_conformance", OptionValue::of_string("1")), registry,
+                  "no_such_option_for_conformance", "1");
+  // Each required option left out.
+  for (const OptionSchema& o : plugin.options()) {
+    if (!o.required) continue;
+    QuantizerSpec without = base;
+    std::erase_if(without.options, [&](const auto& kv) { return kv.first == o.key; });
+    expect_rejected(without, registry, o.key, "(missing)", "requires option");
+  }
 
   // A bad value of every option: recipe text that does not parse as the type, a value typed
   // in code with the wrong type, and out-of-range numbers.
   for (const OptionSchema& o : plugin.options()) {
     INFO("option '" << o.key << "' (" << o.type_name() << ") of format '" << f << "'");
     const std::string& k = o.key;
+    auto expect_rejected_kv = [&](const std::string& key, OptionValue v, const std::string& shown,
+                                  const std::string& also = "") {
+      expect_rejected(set(key, std::move(v)), registry, key, shown, also);
+    };
     switch (o.type) {
       case QR_OPTION_BOOL:
-        expect_rejected(f, registry, k, OptionValue::of_string("maybe"), "'maybe'");
-        expect_rejected(f, registry, k, OptionValue::of_int(2), "2 (an int)");
-        expect_accepted(f, registry, k, "true");
-        expect_accepted(f, registry, k, "false");
+        expect_rejected_kv(k, OptionValue::of_string("maybe"), "'maybe'");
+        expect_rejected_kv(k, OptionValue::of_int(2), "2 (an int)");
+        expect_accepted(text(k, "true"), registry, k, "true");
+        expect_accepted(text(k, "false"), registry, k, "false");
         break;
       case QR_OPTION_INT:
-        expect_rejected(f, registry, k, OptionValue::of_string("abc"), "'abc'");
-        expect_rejected(f, registry, k, OptionValue::of_string("1.5"), "'1.5'");
-        expect_rejected(f, registry, k, OptionValue::of_bool(true), "true (a bool)");
+        expect_rejected_kv(k, OptionValue::of_string("abc"), "'abc'");
+        expect_rejected_kv(k, OptionValue::of_string("1.5"), "'1.5'");
+        expect_rejected_kv(k, OptionValue::of_bool(true), "true (a bool)");
         if (bounded(o) && o.max_value < 9.0e18)
-          expect_rejected(f, registry, k,
-                          OptionValue::of_int(static_cast<std::int64_t>(o.max_value) + 1),
+          expect_rejected_kv(k, OptionValue::of_int(static_cast<std::int64_t>(o.max_value) + 1),
                           "max + 1");
         if (bounded(o) && o.min_value > -9.0e18)
-          expect_rejected(f, registry, k,
-                          OptionValue::of_int(static_cast<std::int64_t>(o.min_value) - 1),
+          expect_rejected_kv(k, OptionValue::of_int(static_cast<std::int64_t>(o.min_value) - 1),
                           "min - 1");
         break;
       case QR_OPTION_FLOAT:
-        expect_rejected(f, registry, k, OptionValue::of_string("abc"), "'abc'");
-        expect_rejected(f, registry, k, OptionValue::of_bool(true), "true (a bool)");
-        expect_rejected(f, registry, k, OptionValue::of_float(NAN), "NaN");
+        expect_rejected_kv(k, OptionValue::of_string("abc"), "'abc'");
+        expect_rejected_kv(k, OptionValue::of_bool(true), "true (a bool)");
+        expect_rejected_kv(k, OptionValue::of_float(NAN), "NaN");
         if (bounded(o) && std::isfinite(o.max_value))
-          expect_rejected(f, registry, k,
-                          OptionValue::of_float(o.max_value + 1.0 + std::fabs(o.max_value)),
+          expect_rejected_kv(k, OptionValue::of_float(o.max_value + 1.0 + std::fabs(o.max_value)),
                           "above max");
         if (bounded(o) && std::isfinite(o.min_value))
-          expect_rejected(f, registry, k,
-                          OptionValue::of_float(o.min_value - 1.0 - std::fabs(o.min_value)),
+          expect_rejected_kv(k, OptionValue::of_float(o.min_value - 1.0 - std::fabs(o.min_value)),
                           "below min");
         break;
       case QR_OPTION_ENUM:
-        expect_rejected(f, registry, k, OptionValue::of_string("not-a-choice"), "'not-a-choice'",
+        expect_rejected_kv(k, OptionValue::of_string("not-a-choice"), "'not-a-choice'",
                         o.choices.empty() ? "" : o.choices.front());
-        expect_rejected(f, registry, k, OptionValue::of_int(0), "0 (an int)");
-        for (const std::string& choice : o.choices) expect_accepted(f, registry, k, choice);
+        expect_rejected_kv(k, OptionValue::of_int(0), "0 (an int)");
+        for (const std::string& choice : o.choices) expect_accepted(text(k, choice), registry, k, choice);
         break;
       case QR_OPTION_STRING:
-        expect_rejected(f, registry, k, OptionValue::of_spec(spec("none")), "a nested spec");
+        expect_rejected_kv(k, OptionValue::of_spec(spec("none")), "a nested spec");
         break;
       case QR_OPTION_QUANTIZER:
-        expect_rejected(f, registry, k, OptionValue::of_string("not-a-spec"), "'not-a-spec'");
-        expect_rejected(f, registry, k, OptionValue::of_int(1), "1 (an int)");
+        expect_rejected_kv(k, OptionValue::of_string("not-a-spec"), "'not-a-spec'");
+        expect_rejected_kv(k, OptionValue::of_int(1), "1 (an int)");
         break;
       default: break;
     }

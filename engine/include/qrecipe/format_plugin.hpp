@@ -21,6 +21,7 @@ struct OptionSchema {
   std::vector<std::string> choices;  // ENUM
   double min_value = 0, max_value = 0;  // INT/FLOAT; both 0 = unbounded
   std::string help;
+  bool required = false;  // a spec must set it
 
   std::string type_name() const;  // "bool", "int", "float", "enum", "string", "quantizer"
   std::string describe() const;   // "dtype: enum {e4m3, e5m2} = e4m3 -- help"

@@ -168,6 +168,7 @@ typedef struct qr_option_schema {
   double min_value;             /* INT/FLOAT: inclusive bounds, checked by the engine */
   double max_value;
   const char* help;
+  int32_t required;             /* 1: a spec of this format must set it (checked by the engine) */
 } qr_option_schema;
 
 /* Sizes and meaning of the buffers of one direction, for a logical [rows, cols] tensor. */
@@ -353,6 +354,8 @@ QR_ABI_STATIC_ASSERT(offsetof(qr_quantize_args, stream) == 32,
                      "qr_quantize_args v1 layout changed: append new fields at the end");
 QR_ABI_STATIC_ASSERT(offsetof(qr_quantized_tensor, columnwise) == 40 + sizeof(qr_direction_data),
                      "qr_quantized_tensor v1 layout changed: append new fields at the end");
+QR_ABI_STATIC_ASSERT(offsetof(qr_option_schema, required) == 72,
+                     "qr_option_schema v1 layout changed: append new fields at the end");
 QR_ABI_STATIC_ASSERT(offsetof(qr_tensor_view, strides) == 96,
                      "qr_tensor_view v1 layout changed: append new fields at the end");
 #endif

@@ -89,27 +89,33 @@ class Options {
 
 // Schema entry builders (static data; strings must have static storage).
 constexpr qr_option_schema option_bool(const char* key, const char* def, const char* help) {
-  return {sizeof(qr_option_schema), key, QR_OPTION_BOOL, def, nullptr, 0, 0, 0, help};
+  return {sizeof(qr_option_schema), key, QR_OPTION_BOOL, def, nullptr, 0, 0, 0, help, 0};
 }
 constexpr qr_option_schema option_int(const char* key, const char* def, double lo, double hi,
                                       const char* help) {
-  return {sizeof(qr_option_schema), key, QR_OPTION_INT, def, nullptr, 0, lo, hi, help};
+  return {sizeof(qr_option_schema), key, QR_OPTION_INT, def, nullptr, 0, lo, hi, help, 0};
 }
 constexpr qr_option_schema option_float(const char* key, const char* def, double lo, double hi,
                                         const char* help) {
-  return {sizeof(qr_option_schema), key, QR_OPTION_FLOAT, def, nullptr, 0, lo, hi, help};
+  return {sizeof(qr_option_schema), key, QR_OPTION_FLOAT, def, nullptr, 0, lo, hi, help, 0};
 }
 template <std::size_t N>
 constexpr qr_option_schema option_enum(const char* key, const char* def,
                                        const char* const (&choices)[N], const char* help) {
   return {sizeof(qr_option_schema), key, QR_OPTION_ENUM, def, choices,
-          static_cast<std::uint32_t>(N), 0, 0, help};
+          static_cast<std::uint32_t>(N), 0, 0, help, 0};
 }
 constexpr qr_option_schema option_string(const char* key, const char* def, const char* help) {
-  return {sizeof(qr_option_schema), key, QR_OPTION_STRING, def, nullptr, 0, 0, 0, help};
+  return {sizeof(qr_option_schema), key, QR_OPTION_STRING, def, nullptr, 0, 0, 0, help, 0};
 }
 constexpr qr_option_schema option_quantizer(const char* key, const char* def, const char* help) {
-  return {sizeof(qr_option_schema), key, QR_OPTION_QUANTIZER, def, nullptr, 0, 0, 0, help};
+  return {sizeof(qr_option_schema), key, QR_OPTION_QUANTIZER, def, nullptr, 0, 0, 0, help, 0};
+}
+// Marks an entry as required: the engine rejects a spec of the format that does not set it,
+// when the recipe is checked (with file:line:column), before the plugin sees it.
+constexpr qr_option_schema required(qr_option_schema entry) {
+  entry.required = 1;
+  return entry;
 }
 
 // A layout with struct_size set and everything else zero.

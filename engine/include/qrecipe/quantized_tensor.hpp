@@ -112,6 +112,21 @@ class QuantizedTensor {
     return *static_cast<const float*>(a.data);
   }
 
+  // Frees one direction's buffers and removes it from usage: a layer keeps only what its
+  // backward needs (the columnwise copy of an activation once fprop has used the rowwise one).
+  // Views of that direction taken earlier dangle afterwards.
+  void drop(qr_direction d) {
+    QR_CHECK(has(d), "cannot drop the ", direction_name(d), " direction of a quantized tensor "
+             "(format '", format_, "') that holds ", usage_str(c_.usage));
+    qr_direction_data& dd = direction_data(d);
+    dd = qr_direction_data{};
+    dd.struct_size = sizeof(qr_direction_data);
+    dd.data.struct_size = dd.scale_inv.struct_size = dd.amax.struct_size = sizeof(qr_tensor_view);
+    storage_[d].reset();
+    formats_[d].clear();
+    c_.usage &= ~usage_bit(d);
+  }
+
   const qr_quantized_tensor& c() const { return c_; }
   qr_quantized_tensor& c() { return c_; }
 
