@@ -7,7 +7,7 @@
 #   configure  unpack .deps and configure only (build does this too when needed)
 #   build      unpack, configure unless $BUILD_DIR/CMakeCache.txt exists, build everything
 #   test       ctest -j8 (every suite, test_gpu_parity included)
-#   bench      bench_quantize --out $OUT/bench.json
+#   bench      bench_quantize --out $OUT/bench.json, bench_gemm --out $OUT/bench_gemm.json
 #
 # It needs nvcc, cmake (>= 3.24), ninja (or make) and python3 on the machine, and the Debian
 # packages of the other dependencies in .deps/ (libyaml-cpp-dev, libyaml-cpp0.7,
@@ -23,6 +23,7 @@
 #   CUDA_ARCHS           CMAKE_CUDA_ARCHITECTURES (default 90a)
 #   JOBS                 build and ctest parallelism (default: nproc for the build, 8 for ctest)
 #   BENCH_ARGS           extra arguments for bench_quantize (e.g. "--runs 50")
+#   BENCH_GEMM_ARGS      extra arguments for bench_gemm (e.g. "--shapes 4096x4096x4096")
 #   CMAKE_ARGS           extra arguments for the configure step
 #   QRECIPE_COMMIT       recorded in bench.json (default: git rev-parse HEAD, or "unknown")
 #
@@ -245,8 +246,15 @@ do_bench() {
     fi
   fi
   export QRECIPE_COMMIT
+  local rc=0
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of words on purpose
-  "$bin" --out "$OUT/bench.json" ${BENCH_ARGS:-}
+  "$bin" --out "$OUT/bench.json" ${BENCH_ARGS:-} || rc=1
+  # qrecipe::gemm() against raw cuBLASLt (bench/bench_gemm.cu).
+  if [[ -x $BUILD_DIR/bin/bench_gemm ]]; then
+    # shellcheck disable=SC2086  # BENCH_GEMM_ARGS is a list of words on purpose
+    "$BUILD_DIR/bin/bench_gemm" --out "$OUT/bench_gemm.json" ${BENCH_GEMM_ARGS:-} || rc=1
+  fi
+  return $rc
 }
 
 # ---------------------------------------------------------------- summary
@@ -282,6 +290,20 @@ for r in d["records"]:
     ro = r.get("read_once_ratio")
     print(f"| {r['name']} | {r['ms']:.4f} | {r['value']:.1f} | {r['ratio']:.3f} | "
           f"{'' if ro is None else f'{ro:.3f}'} |")
+PY
+  fi
+  if [[ -f $OUT/bench_gemm.json && " ${summary_order[*]} " == *" bench "* ]]; then
+    echo
+    python3 - "$OUT/bench_gemm.json" <<'PY' || echo "bench_gemm.json could not be read"
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"bench_gemm on {d['device']} (commit {d['commit']}, {d['date']})")
+print("| name | path | ms | TFLOP/s | ratio to cuBLASLt | vs bf16 |")
+print("|---|---|---:|---:|---:|---:|")
+for r in d["records"]:
+    f = lambda v, p: "" if v is None else f"{v:.{p}f}"
+    print(f"| {r['name']} | {r['path']} | {r['ms']:.4f} | {f(r['value'], 1)} | {f(r['ratio'], 3)} | "
+          f"{f(r['speedup_vs_bf16'], 2)} |")
 PY
   fi
 }

@@ -2,13 +2,15 @@
 # Installs what a fresh machine lacks to build and test qrecipe. Idempotent: a second run
 # checks and returns in seconds. Pins are exact so every machine builds the same thing.
 #   apt : yaml-cpp (recipes), Boost (Boost.DLL plugin loading), doctest (C++ tests)
-#   pip : torch (CPU build, for the adapter), cuBLASLt headers (CUDA build, compile only here)
+#   pip : torch (CPU build, for the adapter), pytest, scikit-build-core (pip install of the
+#         adapter), cuBLASLt headers (CUDA build, compile only here)
 set -euo pipefail
 
 APT_PACKAGES=(libyaml-cpp-dev libboost-dev doctest-dev)
 PIP_PINS=("nvidia-cublas==13.1.0.3")
 if [[ "${QRECIPE_SETUP_TORCH:-1}" == 1 ]]; then
-  PIP_PINS+=("torch==2.13.0" "pytest==8.3.3" "numpy>=1.26,<3")
+  # scikit-build-core: `pip install --no-build-isolation .` of the adapter (pyproject.toml)
+  PIP_PINS+=("torch==2.13.0" "pytest==8.3.3" "numpy>=1.26,<3" "scikit-build-core==1.1.2")
 fi
 
 missing=()

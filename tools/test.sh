@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The one command that runs every test of qrecipe on a fresh machine (CI runs it too):
 #   1. set-up (tools/setup.sh: apt + pip pins, quick when already there)
-#   2. main build (CUDA sources compiled and linked when nvcc is present) + ctest
-#   3. sanitizer build (ASan + UBSan, no CUDA) + ctest
+#   2. main build (CUDA sources compiled and linked when nvcc is present; the PyTorch extension
+#      when torch is importable) + ctest
+#   3. pytest: the adapter suites (tests/python) against the main build tree
+#   4. sanitizer build (ASan + UBSan, no CUDA, no Python extension) + ctest
 # Each stage prints its duration. Exit status is non-zero if any stage fails.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,12 +18,32 @@ stage() {  # stage NAME COMMAND...
   echo "=== [$name] done in $((SECONDS - t0)) s"
 }
 
+PY=${PYTHON:-python3}
 stage setup bash tools/setup.sh
-stage build env BUILD_DIR="$root/build" bash tools/build.sh
+# The adapter is built and tested whenever torch is importable (setup.sh installs it unless
+# QRECIPE_SETUP_TORCH=0); without torch the pytest stage is skipped, loudly.
+python_flags=(-DQRECIPE_PYTHON=OFF)
+if "$PY" -c "import torch" >/dev/null 2>&1; then
+  python_flags=(-DQRECIPE_PYTHON=ON "-DPython_EXECUTABLE=$("$PY" -c "import sys; print(sys.executable)")")
+fi
+stage build env BUILD_DIR="$root/build" bash tools/build.sh "${python_flags[@]}"
 stage ctest ctest --test-dir "$root/build" --output-on-failure -j "$(nproc)"
+run_pytest() {
+  # Exit code 5 means "no tests collected": the suites must exist, so that is a failure too.
+  local rc=0
+  PYTHONPATH="$root/build/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pytest -q \
+    -p no:cacheprovider "$root/tests/python" || rc=$?
+  if ((rc == 5)); then echo "pytest collected no tests in tests/python" >&2; fi
+  return "$rc"
+}
+if [[ "${python_flags[0]}" == -DQRECIPE_PYTHON=ON ]]; then
+  stage pytest run_pytest
+else
+  echo "=== [pytest] SKIPPED: torch is not importable by $PY (the adapter was not built)"
+fi
 if [[ "${QRECIPE_SKIP_SANITIZE:-0}" != 1 ]]; then
   stage build-sanitize env BUILD_DIR="$root/build-sanitize" QRECIPE_CUDA=OFF BUILD_TYPE=Debug \
-    bash tools/build.sh -DQRECIPE_SANITIZE=ON
+    bash tools/build.sh -DQRECIPE_SANITIZE=ON -DQRECIPE_PYTHON=OFF
   # LeakSanitizer: plugins are never unloaded by design (DESIGN.md section 4), so their
   # one-time allocations are not leaks; detect_leaks stays on for everything else.
   stage ctest-sanitize env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \

@@ -1,6 +1,7 @@
 // Engine: recipe validation, role resolution (cached), and the delayed-scaling states.
 #include "qrecipe/engine.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 #include "qrecipe/cuda.hpp"
@@ -76,6 +77,56 @@ qr_scaling_state Engine::acquire_scaling_state(const qr_scaling_request& request
   s->c.device = request.device;
   states_.push_back(std::move(s));
   return states_.back()->c;
+}
+
+qr_scaling_state Engine::move_scaling_state(const float* amax_history, const qr_device& device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ScalingState* s = nullptr;
+  for (const auto& state : states_)
+    if (state->c.amax_history == amax_history) s = state.get();
+  QR_CHECK(s != nullptr, "move_scaling_state: no scaling state of this engine has its amax "
+           "history at ", static_cast<const void*>(amax_history),
+           "; pass the state this engine's scaling_state_acquire returned");
+  const Device from = Device::from_c(s->c.device), to = Device::from_c(device);
+  QR_CHECK_CODE(to.is_cpu() || to.is_cuda(), QR_STATUS_UNSUPPORTED,
+                "delayed-scaling state of ", s->owner, " cannot move to device type ",
+                device.type, "; expected cpu or cuda");
+  if (from == to) return s->c;
+  // The values, through the host: history, then scale, scale_inv.
+  const auto n = static_cast<std::size_t>(s->c.history_len);
+  std::vector<float> values(n + 2);
+  if (from.is_cpu()) {
+    std::copy(s->c.amax_history, s->c.amax_history + n, values.begin());
+    values[n] = *s->c.scale;
+    values[n + 1] = *s->c.scale_inv;
+  } else {
+    copy_to_host(values.data(), s->c.amax_history, n * sizeof(float));
+    copy_to_host(&values[n], s->c.scale, sizeof(float));
+    copy_to_host(&values[n + 1], s->c.scale_inv, sizeof(float));
+  }
+  const std::shared_ptr<Allocator> allocator = to.is_cpu() ? allocator_ : cuda_allocator();
+  Buffer history(allocator, n * sizeof(float), to);
+  Buffer scale(allocator, sizeof(float), to);
+  Buffer scale_inv(allocator, sizeof(float), to);
+  if (to.is_cpu()) {
+    std::copy(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(n),
+              static_cast<float*>(history.data()));
+    *static_cast<float*>(scale.data()) = values[n];
+    *static_cast<float*>(scale_inv.data()) = values[n + 1];
+  } else {
+    copy_to_device(history.data(), values.data(), n * sizeof(float));
+    copy_to_device(scale.data(), &values[n], sizeof(float));
+    copy_to_device(scale_inv.data(), &values[n + 1], sizeof(float));
+  }
+  s->history = std::move(history);
+  s->scale = std::move(scale);
+  s->scale_inv = std::move(scale_inv);
+  s->c.amax_history = static_cast<float*>(s->history.data());
+  s->c.scale = static_cast<float*>(s->scale.data());
+  s->c.scale_inv = static_cast<float*>(s->scale_inv.data());
+  s->c.device = device;
+  s->request.device = device;
+  return s->c;
 }
 
 std::vector<float> Engine::current_amaxes() const {

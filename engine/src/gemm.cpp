@@ -9,6 +9,10 @@
 
 #include "qrecipe/conversions.hpp"
 
+#if defined(QRECIPE_WITH_CUDA)
+#include "gemm_cuda.hpp"
+#endif
+
 namespace qrecipe {
 
 const char* gemm_kind_name(GemmKind kind) {
@@ -112,8 +116,8 @@ void reference_gemm_f32(const float* a, const float* b, float* out, std::int64_t
   for (auto& th : pool) th.join();
 }
 
-void gemm(const GemmOperand& a, const GemmOperand& b, const TensorView& out,
-          const GemmOptions& options) {
+GemmPlan gemm(const GemmOperand& a, const GemmOperand& b, const TensorView& out,
+              const GemmOptions& options) {
   QR_CHECK(a.inner() == b.inner(), "GEMM contraction mismatch: A is ", a.str(), " (contracts over ",
            a.inner(), ") but B is ", b.str(), " (contracts over ", b.inner(), ")");
   const std::int64_t m = a.outer(), n = b.outer(), k = a.inner();
@@ -123,10 +127,20 @@ void gemm(const GemmOperand& a, const GemmOperand& b, const TensorView& out,
            "GEMM output must be f32 or bf16, got ", dtype_name(out.dtype()));
   QR_CHECK(out.is_contiguous(), "GEMM output must be contiguous");
   const Device da = a.device(), db = b.device(), dout = out.device();
-  QR_CHECK_CODE(da.is_cpu() && db.is_cpu() && dout.is_cpu(), QR_STATUS_UNSUPPORTED,
-                "GEMM on ", da.str(), "/", db.str(), " -> ", dout.str(),
-                ": the CUDA GEMM path (cuBLASLt) is not built yet; CPU tensors use the "
-                "reference. A CUDA operand never falls back to the CPU silently");
+  if (!(da.is_cpu() && db.is_cpu() && dout.is_cpu())) {
+    QR_CHECK_CODE(da == db && db == dout, QR_STATUS_UNSUPPORTED, "GEMM with A=", a.str(), " on ",
+                  da.str(), ", B=", b.str(), " on ", db.str(), " and the output on ", dout.str(),
+                  ": operands and output must live on one device (move them there first); a "
+                  "CUDA operand never falls back to the CPU");
+#if defined(QRECIPE_WITH_CUDA)
+    return detail::gemm_cuda(a, b, out, options);
+#else
+    QR_THROW_CODE(QR_STATUS_UNSUPPORTED, "GEMM on ", dout.str(), " (A=", a.str(), ", B=", b.str(),
+                  "): this build of qrecipe has no CUDA (QRECIPE_CUDA=OFF); rebuild with "
+                  "-DQRECIPE_CUDA=ON or keep the tensors on the CPU. A CUDA operand never "
+                  "falls back to the CPU");
+#endif
+  }
 
   const std::vector<float> fa = decode_inner_contiguous(a);
   const std::vector<float> fb = decode_inner_contiguous(b);
@@ -151,6 +165,9 @@ void gemm(const GemmOperand& a, const GemmOperand& b, const TensorView& out,
       }
     }
   }
+  const bool dense = !a.is_quantized() && !b.is_quantized();
+  return {dense ? GemmPlan::Path::dense : GemmPlan::Path::reference, false,
+          dense ? "both operands unquantized" : "CPU: decoded operands, FP32 accumulation"};
 }
 
 }  // namespace qrecipe

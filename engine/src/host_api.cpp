@@ -78,6 +78,14 @@ qr_status host_scaling_state_acquire(qr_host_context* ctx, const qr_scaling_requ
   });
 }
 
+qr_status host_scaling_state_move(qr_host_context* ctx, qr_scaling_state* state,
+                                  qr_device device) noexcept {
+  return host_guard([&] {
+    QR_CHECK(ctx && state, "scaling_state_move called with null arguments");
+    *state = Engine::from_host_context(ctx)->move_scaling_state(state->amax_history, device);
+  });
+}
+
 // A quantizer the host made on behalf of a plugin (the hybrid format's halves).
 struct HostQuantizer {
   std::shared_ptr<Quantizer> quantizer;
@@ -186,6 +194,7 @@ const qr_host_api kHostApi = {
     &host_error_message,
     &host_error_free,
     &host_quantizer_describe,
+    &host_scaling_state_move,
 };
 
 }  // namespace

@@ -14,8 +14,8 @@ Quantizer::Quantizer(std::shared_ptr<const FormatPlugin> plugin, QuantizerSpec s
   const CSpec cspec(spec_);
   const qr_role crole = role_.to_c();
   const qr_create_args args{sizeof(qr_create_args), ctx, &crole, cspec.get()};
-  throw_if_error(plugin_->c().create_quantizer(&args, &handle_),
-                 "creating a '" + plugin_->name() + "' quantizer (" + spec_.str() + ") for role " +
+  if (qr_status status = plugin_->c().create_quantizer(&args, &handle_))
+    throw_if_error(status, "creating a '" + plugin_->name() + "' quantizer (" + spec_.str() + ") for role " +
                      role_.str());
   QR_CHECK_CODE(handle_ != nullptr, QR_STATUS_INTERNAL, "plugin ", plugin_->path(),
                 " returned success but no quantizer");
@@ -37,8 +37,8 @@ qr_direction_layout Quantizer::layout(std::int64_t rows, std::int64_t cols,
   QR_CHECK(rows >= 0 && cols >= 0, "negative shape ", rows, "x", cols);
   qr_direction_layout out{};
   out.struct_size = sizeof(qr_direction_layout);
-  throw_if_error(plugin_->c().layout(handle_, rows, cols, direction, &out),
-                 context("layout") + " (" + std::to_string(rows) + "x" + std::to_string(cols) +
+  if (qr_status status = plugin_->c().layout(handle_, rows, cols, direction, &out))
+    throw_if_error(status, context("layout") + " (" + std::to_string(rows) + "x" + std::to_string(cols) +
                      ", " + direction_name(direction) + ")");
   QR_CHECK_CODE(out.struct_size >= sizeof(qr_direction_layout), QR_STATUS_INTERNAL, "plugin ",
                 plugin_->path(), " returned a layout with struct_size ", out.struct_size);
@@ -64,8 +64,8 @@ void Quantizer::check_source(const TensorView& src, std::int64_t rows, std::int6
 std::array<float, 2> Quantizer::compute_amax(const TensorView& src, void* stream) const {
   check_source(src, src.rows(), src.cols());
   std::array<float, 2> out{0.0f, 0.0f};
-  throw_if_error(plugin_->c().compute_amax(handle_, &src.c(), stream, out.data()),
-                 context("compute_amax", &src));
+  if (qr_status status = plugin_->c().compute_amax(handle_, &src.c(), stream, out.data()))
+    throw_if_error(status, context("compute_amax", &src));
   return out;
 }
 
@@ -102,8 +102,8 @@ void Quantizer::quantize_into(const TensorView& src, QuantizedTensor& dst,
   args.has_rng_offset = options.rng_offset.has_value() ? 1 : 0;
   args.rng_offset = options.rng_offset.value_or(0);
   args.stream = options.stream;
-  throw_if_error(plugin_->c().quantize(handle_, &src.c(), &args, &dst.c()),
-                 context("quantize", &src) + " (" + usage_str(dst.usage()) + ")");
+  if (qr_status status = plugin_->c().quantize(handle_, &src.c(), &args, &dst.c()))
+    throw_if_error(status, context("quantize", &src) + " (" + usage_str(dst.usage()) + ")");
 }
 
 void Quantizer::dequantize(const QuantizedTensor& src, qr_direction direction,
@@ -116,8 +116,8 @@ void Quantizer::dequantize(const QuantizedTensor& src, qr_direction direction,
            ": destination is ", dst.rows(), "x", dst.cols(), " but the tensor is ", src.rows(),
            "x", src.cols());
   QR_CHECK(dst.is_contiguous(), context("dequantize"), ": destination must be contiguous");
-  throw_if_error(plugin_->c().dequantize(handle_, &src.c(), direction, &dst.c(), stream),
-                 context("dequantize") + " (" + direction_name(direction) + ")");
+  if (qr_status status = plugin_->c().dequantize(handle_, &src.c(), direction, &dst.c(), stream))
+    throw_if_error(status, context("dequantize") + " (" + direction_name(direction) + ")");
 }
 
 Tensor Quantizer::dequantize(const QuantizedTensor& src, qr_direction direction) const {
@@ -128,7 +128,8 @@ Tensor Quantizer::dequantize(const QuantizedTensor& src, qr_direction direction)
 
 std::string Quantizer::describe() const {
   char buffer[1024] = {0};
-  throw_if_error(plugin_->c().describe(handle_, buffer, sizeof buffer), context("describe"));
+  if (qr_status status = plugin_->c().describe(handle_, buffer, sizeof buffer))
+    throw_if_error(status, context("describe"));
   return buffer;
 }
 

@@ -10,8 +10,11 @@
 //   pow2_scales  bool, default true (TE's default; rounds every scale down to 2^k)
 //   amax_epsilon float >= 0, default 0 (block amaxes below it are raised to it)
 //
-// Devices: the CPU reference only. CUDA tensors are refused with QR_STATUS_UNSUPPORTED; there
-// is no silent fallback to the reference for device memory.
+// Devices: CPU tensors run the reference; CUDA tensors run the kernels of blockwise_kernels.cu
+// (both directions in one pass over the source) when the plugin is built with CUDA, and the
+// descriptor then declares cpu|cuda. Without CUDA they are refused with QR_STATUS_UNSUPPORTED.
+// There is no silent fallback to the reference for device memory. The kernels need contiguous
+// sources (strided CUDA views are UNSUPPORTED); the reference reads any strided host view.
 //
 // Scaling is local to each block, so a caller-reduced tensor amax (qr_quantize_args::amax,
 // for TP/SP/FSDP) plays no role here and is ignored; compute_amax still reports the tensor
@@ -28,6 +31,10 @@
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 #include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/tensor.hpp"
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+#include "blockwise_kernels.hpp"
+#endif
 
 namespace qrecipe::blockwise {
 namespace {
@@ -54,16 +61,47 @@ const qr_option_schema kSchema[] = {
                       "lower bound applied to every block amax before the scale is computed"),
 };
 
-[[noreturn]] void refuse_cuda(const char* what, const qr_device& device) {
-  QR_THROW_CODE(QR_STATUS_UNSUPPORTED, "blockwise CUDA kernels are not built yet: ", what,
-                " got a tensor on cuda:", device.index,
-                ". Quantize on the CPU (the reference path) or use a format with CUDA kernels "
-                "for device tensors");
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+constexpr bool kHasCuda = true;
+constexpr std::uint32_t kDevices = (1u << QR_DEVICE_CPU) | (1u << QR_DEVICE_CUDA);
+#else
+constexpr bool kHasCuda = false;
+constexpr std::uint32_t kDevices = 1u << QR_DEVICE_CPU;
+#endif
+
+std::string device_str(const qr_device& d) {
+  return d.type == QR_DEVICE_CPU ? "cpu" : "cuda:" + std::to_string(d.index);
 }
 
-void require_cpu(const char* what, const qr_device& device) {
-  if (device.type != QR_DEVICE_CPU) refuse_cuda(what, device);
+// The tensor that decides where a call runs: CPU -> the reference, CUDA -> the kernels (or
+// UNSUPPORTED in a build without them).
+void require_supported_device(const char* what, const qr_device& device) {
+  QR_CHECK_CODE(device.type != QR_DEVICE_CUDA || kHasCuda, QR_STATUS_UNSUPPORTED, "blockwise ",
+                what, " got a tensor on cuda:", device.index,
+                " but this blockwise plugin was built without CUDA kernels; rebuild with "
+                "-DQRECIPE_CUDA=ON, or quantize on the CPU (there is no silent CPU fallback)");
+  QR_CHECK_CODE(device.type == QR_DEVICE_CPU || device.type == QR_DEVICE_CUDA,
+                QR_STATUS_UNSUPPORTED, "blockwise ", what, ": unknown device type ",
+                device.type);
 }
+
+// Every other buffer of a call lives on the device of the tensor that decides it.
+void require_same_device(const char* what, const qr_device& device, const qr_device& expected) {
+  QR_CHECK(device.type == expected.type &&
+               (device.type == QR_DEVICE_CPU || device.index == expected.index),
+           "blockwise ", what, " is on ", device_str(device), " but the call runs on ",
+           device_str(expected), "; allocate it on the same device");
+}
+
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+// The CUDA kernels read the source as contiguous row-major [rows, cols].
+void require_contiguous_cuda_source(const qr_tensor_view& src, const char* op) {
+  QR_CHECK_CODE(TensorView(src).is_contiguous(), QR_STATUS_UNSUPPORTED, "blockwise ", op,
+                ": the CUDA kernels need a contiguous source, got shape ",
+                TensorView(src).shape_str(), " with non-default strides; make it contiguous "
+                "first (tensor.contiguous())");
+}
+#endif
 
 bool same_layout(const qr_direction_layout& a, const qr_direction_layout& b) {
   return a.data_dtype == b.data_dtype && a.data_shape[0] == b.data_shape[0] &&
@@ -132,16 +170,26 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
     return ref::layout(rows, cols, params_.block, direction);
   }
 
-  void compute_amax(const qr_tensor_view& src, void* /*stream*/, float amax_out[2]) override {
-    require_cpu("compute_amax", src.device);
-    const float amax = ref::tensor_amax(ref::load_f32(src));
+  void compute_amax(const qr_tensor_view& src, void* stream, float amax_out[2]) override {
+    require_supported_device("compute_amax", src.device);
+    float amax = 0.0f;
+    if (src.device.type == QR_DEVICE_CUDA) {
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+      require_contiguous_cuda_source(src, "compute_amax");
+      amax = cuda::compute_amax_to_host(src.data, static_cast<qr_dtype>(src.dtype),
+                                        TensorView(src).numel(), src.device.index, stream);
+#endif
+    } else {
+      (void)stream;
+      amax = ref::tensor_amax(ref::load_f32(src));
+    }
     amax_out[0] = amax;
     amax_out[1] = amax;
   }
 
   void quantize(const qr_tensor_view& src, const qr_quantize_args& args,
                 qr_quantized_tensor& dst) override {
-    require_cpu("quantize", src.device);
+    require_supported_device("quantize", src.device);
     QR_CHECK(args.usage != 0 && (args.usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0,
              "blockwise quantize: usage must be rowwise (1), columnwise (2) or both, got ",
              args.usage);
@@ -153,7 +201,12 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
     QR_CHECK(rows == dst.rows && cols == dst.cols, "blockwise quantize: source is ", rows, "x",
              cols, " (as 2-D) but the destination is ", dst.rows, "x", dst.cols);
     for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
-      if (args.usage & usage_bit_of(d)) check_destination(direction_data(dst, d), rows, cols, d);
+      if (args.usage & usage_bit_of(d))
+        check_destination(direction_data(dst, d), rows, cols, d, src.device);
+    if (src.device.type == QR_DEVICE_CUDA) {
+      quantize_cuda(src, args, dst, rows, cols);
+      return;
+    }
 
     const std::vector<float> x = ref::load_f32(src);
     const auto src_dtype = static_cast<qr_dtype>(src.dtype);
@@ -166,12 +219,13 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
   }
 
   void dequantize(const qr_quantized_tensor& src, qr_direction direction,
-                  const qr_tensor_view& dst, void* /*stream*/) override {
+                  const qr_tensor_view& dst, void* stream) override {
     QR_CHECK(src.usage & usage_bit_of(direction), "blockwise dequantize: the tensor has no ",
              direction_name_of(direction), " data; quantize with that usage");
     const qr_direction_data& dd = direction_data(src, direction);
-    require_cpu("dequantize (quantized data)", dd.data.device);
-    require_cpu("dequantize (destination)", dst.device);
+    require_supported_device("dequantize (destination)", dst.device);
+    require_same_device("dequantize: the quantized data", dd.data.device, dst.device);
+    require_same_device("dequantize: the scale_inv", dd.scale_inv.device, dst.device);
     // Decode with the block shape the tensor was made with (it may come from another
     // blockwise quantizer, e.g. an FSDP gather), after checking its buffers agree with it.
     const ref::BlockShape block = block_of(dd.layout, direction);
@@ -188,6 +242,27 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
     if (rows == 0 || cols == 0) return;
     QR_CHECK(dd.data.data && dd.scale_inv.data && dst.data,
              "blockwise dequantize: a data, scale_inv or destination pointer is null");
+    if (dst.device.type == QR_DEVICE_CUDA) {
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+      cuda::DequantizeArgs a;
+      a.data = static_cast<const std::uint8_t*>(dd.data.data);
+      a.scale_inv = static_cast<const float*>(dd.scale_inv.data);
+      a.rows = rows;
+      a.cols = cols;
+      a.block_rows = expected.block_rows;
+      a.block_cols = expected.block_cols;
+      a.scale_ld = expected.scale_shape[1];
+      a.scale_transposed = expected.scale_transposed != 0;
+      a.data_transposed = expected.data_transposed != 0;
+      a.dst = dst.data;
+      a.dst_dtype = static_cast<qr_dtype>(dst.dtype);
+      a.device_index = dst.device.index;
+      a.stream = stream;
+      cuda::dequantize(a);
+#endif
+      return;
+    }
+    (void)stream;
     ref::dequantize(static_cast<const std::uint8_t*>(dd.data.data),
                     static_cast<const float*>(dd.scale_inv.data), rows, cols, block, direction,
                     dst.data, static_cast<qr_dtype>(dst.dtype));
@@ -217,14 +292,14 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
   // The destination of one direction must be what layout() describes for this quantizer:
   // a tensor made by a quantizer with another block shape cannot be requantized in place.
   void check_destination(const qr_direction_data& dd, std::int64_t rows, std::int64_t cols,
-                         qr_direction d) const {
+                         qr_direction d, const qr_device& device) const {
     const qr_direction_layout expected = layout(rows, cols, d);
     QR_CHECK(same_layout(dd.layout, expected), "blockwise quantize: the ", direction_name_of(d),
              " destination has (", layout_str(dd.layout), ") but this quantizer (block ",
              ref::block_shape_name(params_.block), ") writes (", layout_str(expected),
              "); allocate the destination from this quantizer's layout");
-    require_cpu("quantize (destination data)", dd.data.device);
-    require_cpu("quantize (destination scale_inv)", dd.scale_inv.device);
+    require_same_device("quantize: the destination data", dd.data.device, device);
+    require_same_device("quantize: the destination scale_inv", dd.scale_inv.device, device);
     const std::int64_t data_bytes = expected.data_shape[0] * expected.data_shape[1];
     QR_CHECK(data_bytes == 0 || (dd.data.data != nullptr && dd.scale_inv.data != nullptr),
              "blockwise quantize: the ", direction_name_of(d),
@@ -237,6 +312,43 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
     check_contiguous(dd.scale_inv, "destination scale_inv");
   }
 
+  // Both requested directions in one kernel pass; the destinations were checked already.
+  void quantize_cuda(const qr_tensor_view& src, const qr_quantize_args& args,
+                     qr_quantized_tensor& dst, std::int64_t rows, std::int64_t cols) const {
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    require_contiguous_cuda_source(src, "quantize");
+    const auto src_dtype = static_cast<qr_dtype>(src.dtype);
+    cuda::QuantizeArgs a;
+    a.src = src.data;
+    a.src_dtype = src_dtype;
+    a.rows = rows;
+    a.cols = cols;
+    a.tile_128x128 = params_.block == ref::BlockShape::k128x128;
+    a.pow2_scales = params_.pow2_scales;
+    a.amax_epsilon = params_.amax_epsilon;
+    a.value_for_inf = ref::value_for_inf(src_dtype);  // throws for other dtypes
+    if (args.usage & QR_USAGE_ROWWISE) {
+      a.rowwise_data = static_cast<std::uint8_t*>(dst.rowwise.data.data);
+      a.rowwise_scale_inv = static_cast<float*>(dst.rowwise.scale_inv.data);
+      a.rowwise_scale_ld = dst.rowwise.layout.scale_shape[1];
+    }
+    if (args.usage & QR_USAGE_COLUMNWISE) {
+      a.columnwise_data = static_cast<std::uint8_t*>(dst.columnwise.data.data);
+      a.columnwise_scale_inv = static_cast<float*>(dst.columnwise.scale_inv.data);
+      a.columnwise_scale_ld = dst.columnwise.layout.scale_shape[1];
+    }
+    a.device_index = src.device.index;
+    a.stream = args.stream;
+    cuda::quantize(a);
+#else
+    (void)src;
+    (void)args;
+    (void)dst;
+    (void)rows;
+    (void)cols;
+#endif
+  }
+
   ref::Params params_;
   bool block_from_role_ = false;
 };
@@ -245,4 +357,4 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
 
 QR_DEFINE_PLUGIN(qrecipe::blockwise::BlockwiseQuantizer, "blockwise", "1.0.0",
                  "FP8 E4M3 with one FP32 scale per 1x128 block or 128x128 tile (DeepSeek-style)",
-                 qrecipe::blockwise::kSchema, 1u << QR_DEVICE_CPU)
+                 qrecipe::blockwise::kSchema, qrecipe::blockwise::kDevices)

@@ -1,6 +1,7 @@
 // CPU reference of the blockwise format (see blockwise_ref.hpp for the rules and layouts).
 // Every FP8 rounding goes through qrecipe::num (conversions.hpp) and every scale through
-// qrecipe::scale_from_amax (scaling.hpp), the same code a CUDA kernel runs.
+// qrecipe::scale_from_amax (scaling.hpp), both via blockwise_numerics.hpp: the same code the
+// CUDA kernels (blockwise_kernels.cu) run.
 //
 // All four (block shape, direction) cases run through one loop over the logical block grid:
 // a direction is fully described by its block geometry, where its scale for block (a, b)
@@ -12,6 +13,7 @@
 #include <cfloat>
 #include <cmath>
 
+#include "blockwise_numerics.hpp"
 #include "qrecipe/conversions.hpp"
 #include "qrecipe/dtype.hpp"
 #include "qrecipe/error.hpp"
@@ -91,8 +93,8 @@ float value_for_inf(qr_dtype src_dtype) {
 }
 
 float block_scale(float amax, const Params& params, qr_dtype src_dtype) {
-  return scale_from_amax(amax, kE4M3Max, params.pow2_scales, params.amax_epsilon,
-                         value_for_inf(src_dtype));
+  return num_bw::block_scale(amax, params.pow2_scales, params.amax_epsilon,
+                            value_for_inf(src_dtype));
 }
 
 qr_direction_layout layout(std::int64_t rows, std::int64_t cols, BlockShape block,
@@ -200,7 +202,7 @@ void quantize(const std::vector<float>& x, std::int64_t rows, std::int64_t cols,
       for (std::int64_t r = r0; r < r1; ++r)
         for (std::int64_t c = c0; c < c1; ++c)
           data[g.data_offset(r, c)] =
-              num::f32_to_e4m3(x[static_cast<std::size_t>(r * cols + c)] * scale);
+              num_bw::encode(x[static_cast<std::size_t>(r * cols + c)], scale);
     }
   }
 }
@@ -217,7 +219,7 @@ void dequantize(const std::uint8_t* data, const float* scale_inv, std::int64_t r
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t c = 0; c < cols; ++c) {
       const float s = scale_inv[g.scale_offset(r / g.block_rows, c / g.block_cols)];
-      const float v = num::e4m3_to_f32(data[g.data_offset(r, c)]) * s;
+      const float v = num_bw::decode(data[g.data_offset(r, c)], s);
       const std::int64_t o = r * cols + c;
       switch (dst_dtype) {
         case QR_DTYPE_F32: static_cast<float*>(dst)[o] = v; break;

@@ -1,7 +1,7 @@
 // CPU reference of the blockwise format (DeepSeek-style FP8 E4M3 with one FP32 scale per
 // 1x128 block or 128x128 tile): the executable specification (DESIGN.md section 7,
-// "blockwise"). A future blockwise_kernels.cu must produce the same bytes and scale_inv bit for
-// bit; test_blockwise.cpp and the conformance suite hold both to this file.
+// "blockwise"). blockwise_kernels.cu produces the same bytes and scale_inv bit for bit;
+// test_blockwise.cpp, the conformance suite and tests/gpu/test_gpu_parity.cpp hold both to it.
 //
 // Pure functions on host memory; nothing here allocates device memory or keeps state.
 //
@@ -15,7 +15,8 @@
 //                  so amax 0 or inf -> 1.0, and pow2 rounds the scale down to 2^k
 //   scale_inv    = 1 / scale                             (IEEE FP32 division)
 //   q            = num::f32_to_e4m3(fp32(x) * scale)     (RNE, saturating to +-448, NaN 0x7F)
-//   dequantized  = e4m3_to_f32(q) * scale_inv, then rounded to the output dtype
+//   dequantized  = e4m3_to_f32(q) * scale_inv, then rounded to the output dtype (a NaN code
+//                  decodes to 0x7FC00000 without the multiply, like float8)
 //
 // Blocks:
 //   1x128   rowwise: 128 consecutive elements of a row. columnwise: 128 consecutive elements

@@ -18,14 +18,16 @@
 //   current only: pow2_scales, amax_epsilon
 //   delayed only: amax_history_len, amax_compute_algo, margin
 //
-// Delayed scaling: the quantizer asks the engine for a shared state (amax history + scale, in
-// host memory) when it is made. Each quantize uses the stored scale, writes 1/scale, and
+// Delayed scaling: the quantizer asks the engine for a shared state (amax history + scale)
+// when it is made, in host memory. Each quantize uses the stored scale, writes 1/scale, and
 // max-accumulates the tensor amax into history row 0; Engine::update_scaling() rolls the
 // history and recomputes the scale between steps. A caller-reduced amax
-// (QuantizeOptions::amax) is what accumulates then. For CUDA tensors the state still lives in
-// host memory, which costs one device-to-host copy of the amax (a stream synchronization) per
-// quantize. Quantize calls of one delayed-scaling quantizer must not run concurrently: row 0
-// is updated with a plain read-modify-write.
+// (QuantizeOptions::amax) is what accumulates then. The state lives where the tensors are:
+// the first CUDA quantize moves it to that device (host scaling_state_move, once), after
+// which the kernels read the scale and atomically max-accumulate row 0 on the device, with no
+// host round trip or stream synchronization per quantize; a later CPU quantize moves it back.
+// Quantize calls of one delayed-scaling quantizer must not run concurrently with each other
+// on the CPU, nor with Engine::update_scaling().
 //
 // A caller-reduced amax under current scaling replaces the plugin's own amax pass. float8 has
 // one amax per tensor: it takes amax[0] (rowwise) when rowwise data is requested, else
@@ -289,6 +291,22 @@ class Float8Quantizer final : public sdk::QuantizerBase {
                   "(there is no silent CPU fallback)");
   }
 
+  // The engine's state follows the tensors: moved (values kept) when they are elsewhere.
+  void ensure_state_on(const qr_device& device) {
+    if (same_device(state_.device, device)) return;
+    const qr_host_api* host = sdk::host();
+    QR_CHECK_CODE(host != nullptr && host->scaling_state_move != nullptr, QR_STATUS_UNSUPPORTED,
+                  "float8 delayed scaling: the amax history lives on ", device_str(state_.device),
+                  " but the tensor on ", device_str(device), ", and this engine cannot move "
+                  "scaling states (no scaling_state_move); use an engine built with this plugin");
+    sdk::check_host(host->scaling_state_move(ctx_, &state_, device),
+                    "float8 delayed scaling: moving the amax history to " + device_str(device));
+    QR_CHECK_CODE(same_device(state_.device, device) && state_.amax_history != nullptr &&
+                      state_.scale != nullptr,
+                  QR_STATUS_INTERNAL, "float8 delayed scaling: the engine moved the state to ",
+                  device_str(state_.device), "; expected ", device_str(device));
+  }
+
   void acquire_state(const qr_create_args& args) {
     const qr_host_api* host = sdk::host();
     QR_CHECK(host != nullptr && host->scaling_state_acquire != nullptr,
@@ -301,10 +319,11 @@ class Float8Quantizer final : public sdk::QuantizerBase {
     request.algo_most_recent = o_.most_recent ? 1 : 0;
     request.margin = o_.margin;
     request.fp8_max = ref::fp8_max(o_.dtype);
-    request.device = {QR_DEVICE_CPU, 0};  // the reference reads it; kernels get the value
+    request.device = {QR_DEVICE_CPU, 0};  // moved to the tensors' device on first use
     state_.struct_size = sizeof(qr_scaling_state);
     sdk::check_host(host->scaling_state_acquire(args.ctx, &request, &state_),
                     "float8 delayed scaling: acquiring the amax history from the engine");
+    ctx_ = args.ctx;
     QR_CHECK_CODE(state_.amax_history != nullptr && state_.scale != nullptr &&
                       state_.history_len == o_.history_len &&
                       state_.device.type == QR_DEVICE_CPU,
@@ -366,6 +385,7 @@ class Float8Quantizer final : public sdk::QuantizerBase {
     if (o_.scaling == Scaling::current) {
       scale = ref::current_scale(amax, o_.dtype, o_.pow2_scales, o_.amax_epsilon);
     } else {
+      ensure_state_on(src.device);
       scale = *state_.scale;
       accumulate_amax(amax);
     }
@@ -406,8 +426,10 @@ class Float8Quantizer final : public sdk::QuantizerBase {
     const bool columnwise = (usage & QR_USAGE_COLUMNWISE) != 0;
     float* amax_row = rowwise ? static_cast<float*>(dst.rowwise.amax.data) : nullptr;
     float* amax_col = columnwise ? static_cast<float*>(dst.columnwise.amax.data) : nullptr;
-    // The amax is produced in one direction's buffer and mirrored into the other.
+    // Both directions store the same amax: the first buffer is the main one, the other (both
+    // requested) receives the same value from the same launch.
     float* amax_main = rowwise ? amax_row : amax_col;
+    float* amax_other = rowwise && columnwise ? amax_col : nullptr;
 
     cuda::CastTransposeArgs a;
     a.src = src.data;
@@ -423,35 +445,37 @@ class Float8Quantizer final : public sdk::QuantizerBase {
     a.device_index = device;
     a.stream = args.stream;
 
+    // Every path is stream-ordered device work: no host synchronization.
     if (o_.scaling == Scaling::current) {
       if (has_given) {
-        cuda::fill_scalar(amax_main, given, device, args.stream);
+        cuda::write_scalars(amax_main, amax_other, given, nullptr, 0.0f, device, args.stream);
         a.scale.scale = ref::current_scale(given, o_.dtype, o_.pow2_scales, o_.amax_epsilon);
       } else {
-        // amax pass, then the cast derives the scale from it on the device (no host sync).
+        // amax pass, then the cast derives the scale from it on the device and mirrors it.
         cuda::compute_amax(src.data, a.src_dtype, TensorView(src).numel(), amax_main, device,
                            args.stream);
         a.scale.device_amax = amax_main;
         a.scale.fmax = ref::fp8_max(o_.dtype);
         a.scale.pow2_scales = o_.pow2_scales;
         a.scale.amax_epsilon = o_.amax_epsilon;
+        a.amax_mirror = amax_other;
       }
-      cuda::cast_transpose(a);
     } else {
-      a.scale.scale = *state_.scale;
+      ensure_state_on(src.device);
+      a.scale.device_scale = state_.scale;
       if (has_given) {
-        cuda::fill_scalar(amax_main, given, device, args.stream);
-        cuda::cast_transpose(a);
-        accumulate_amax(given);
+        // The caller's amax is stored and joins history row 0 (the reference's fmax).
+        cuda::write_scalars(amax_main, amax_other, given, state_.amax_history, given, device,
+                            args.stream);
       } else {
-        // The cast observes the amax while it runs; the history lives on the host.
-        cuda::fill_scalar(amax_main, 0.0f, device, args.stream);
-        a.amax_accumulate = amax_main;
-        cuda::cast_transpose(a);
-        accumulate_amax(cuda::read_scalar(amax_main, device, args.stream));
+        // The cast observes the tensor amax into both amax buffers and history row 0.
+        cuda::write_scalars(amax_main, amax_other, 0.0f, nullptr, 0.0f, device, args.stream);
+        a.amax_accumulate[0] = amax_main;
+        a.amax_accumulate[1] = amax_other;
+        a.amax_accumulate[2] = state_.amax_history;
       }
     }
-    if (rowwise && columnwise) cuda::copy_scalar(amax_col, amax_row, device, args.stream);
+    cuda::cast_transpose(a);
 #else
     (void)src;
     (void)args;
@@ -464,6 +488,7 @@ class Float8Quantizer final : public sdk::QuantizerBase {
 
   Resolved o_;
   qr_scaling_state state_{};  // delayed scaling only; owned by the engine
+  qr_host_context* ctx_ = nullptr;  // the engine that owns state_ (delayed scaling only)
 };
 
 // ---------------------------------------------------------------- option schema

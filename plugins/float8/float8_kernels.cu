@@ -1,35 +1,47 @@
 // CUDA kernels of the float8 format, bit-exact with float8_ref.cpp.
 //
 // Map of this file (STYLE.md rule 11: helpers, kernels, launchers, entries):
-//   1. error checking, device guard, element traits (input dtypes, FP8 outputs)
-//   2. device helpers: 16-byte run loads, packed code stores, block max, atomic max of a
-//      non-negative float
-//   3. kernels: amax reduction, fused cast + transpose, dequantize, scalar writes
-//   4. launchers (grid arithmetic, dtype dispatch) and the entries declared in
-//      float8_kernels.hpp (validation, device selection)
+//   1. error checking, device guard, launch sizes (resident blocks per device and kernel)
+//   2. element traits: input dtypes (16-byte vector decode), FP8 outputs (hardware encode)
+//   3. device helpers: scale, block max, atomic max, 4x4 byte transpose, tile swizzle
+//   4. kernels: amax, rowwise cast (flat), cast + transpose (tiles), dequantize, scalars
+//   5. launchers (grid arithmetic, dtype dispatch) and the entries of float8_kernels.hpp
 //
-// Exactness: every FP8 rounding goes through qrecipe::num (conversions.hpp, __host__
-// __device__), the scale comes from qrecipe::scale_from_amax (scaling.hpp), and the plugin is
-// compiled with -fmad=false --ftz=false --prec-div=true (QrecipeCompileFlags.cmake), so the
-// device performs the same IEEE operations as the reference: q = sat_rne(fp32(x) * scale),
-// scale_inv = 1 / scale, decode = fp32(q) * scale_inv. The amax is an exact max, so its
-// reduction order does not matter.
+// Exactness: FP8 rounding goes through qrecipe::num::fast (fast_conversions.cuh: the hardware
+// conversion with the reference's NaN rule, proven equal to conversions.hpp over all 2^32
+// inputs by tests/gpu/test_gpu_conversions.cpp), the scale comes from
+// qrecipe::scale_from_amax (scaling.hpp), and the plugin is compiled with -fmad=false
+// --ftz=false --prec-div=true (QrecipeCompileFlags.cmake), so the device performs the same
+// IEEE operations as the reference: q = sat_rne(fp32(x) * scale), scale_inv = 1 / scale,
+// decode = fp32(q) * scale_inv. The amax is an exact max, so its reduction order does not
+// matter.
+//
+// Bandwidth (issue 6): every kernel moves 16-byte vectors with several loads in flight per
+// thread, issued before any of them is used. Current scaling is two passes over the input
+// (amax, then cast); delayed scaling is one (the cast observes the amax). Both directions come
+// out of one pass over shared-memory tiles. Ragged edges, unaligned pointers and shapes that
+// are not multiples of the vector fall back to element-by-element code paths that produce the
+// same bytes.
 #include "float8_kernels.hpp"
 
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "qrecipe/conversions.hpp"
 #include "qrecipe/error.hpp"
+#include "qrecipe/fast_conversions.cuh"
 #include "qrecipe/scaling.hpp"
 
 namespace qrecipe::float8::cuda {
 namespace {
 
-// ---------------------------------------------------------------- 1. checking, traits
+// ---------------------------------------------------------------- 1. checking, launch sizes
 
 void check_cuda(cudaError_t status, const char* call, const std::string& where) {
   if (status == cudaSuccess) return;
@@ -64,83 +76,118 @@ class DeviceGuard {
 
 cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
-// Input element types: storage type and exact widening to FP32 (the reference's load_f32).
+// Blocks of `kernel` (launched with `threads` threads and no dynamic shared memory) that fit
+// on the current device at once: SM count x resident blocks per SM. Asked from the runtime
+// once per (device, kernel) and cached, so a launch costs a map lookup.
+int resident_blocks(const void* kernel, int threads) {
+  int device = 0;
+  QR_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<std::pair<int, const void*>, int> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(device, kernel);
+  if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  int sms = 0, per_sm = 0;
+  QR_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  QR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  const int blocks = (sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+  cache.emplace(key, blocks);
+  return blocks;
+}
+
+// Blocks for a grid-stride kernel over `items` (each thread takes `per_thread` per
+// iteration): one full wave of resident blocks, or fewer when there is less work.
+unsigned grid_stride_blocks(const void* kernel, int threads, std::int64_t items,
+                            std::int64_t per_thread) {
+  const std::int64_t per_block = static_cast<std::int64_t>(threads) * per_thread;
+  const std::int64_t wanted = (items + per_block - 1) / per_block;
+  const std::int64_t resident = resident_blocks(kernel, threads);
+  return static_cast<unsigned>(wanted < 1 ? 1 : (wanted < resident ? wanted : resident));
+}
+
+bool is_aligned(const void* p, std::size_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
+
+// ---------------------------------------------------------------- 2. element traits
+
+// Input element types: storage, elements per 16-byte vector, and exact widening to FP32 (the
+// reference's load_f32) for one element and for a whole vector.
 struct F32In {
   using Storage = float;
+  static constexpr int kPerVector = 4;
   static __device__ __forceinline__ float to_f32(Storage v) { return v; }
+  static __device__ __forceinline__ void decode(const uint4& v, float (&x)[kPerVector]) {
+    x[0] = __uint_as_float(v.x);
+    x[1] = __uint_as_float(v.y);
+    x[2] = __uint_as_float(v.z);
+    x[3] = __uint_as_float(v.w);
+  }
 };
 struct BF16In {
   using Storage = std::uint16_t;
+  static constexpr int kPerVector = 8;
   static __device__ __forceinline__ float to_f32(Storage v) { return num::bf16_to_f32(v); }
+  static __device__ __forceinline__ void decode(const uint4& v, float (&x)[kPerVector]) {
+    num::fast::bf16x2_to_f32x2(v.x, x[0], x[1]);
+    num::fast::bf16x2_to_f32x2(v.y, x[2], x[3]);
+    num::fast::bf16x2_to_f32x2(v.z, x[4], x[5]);
+    num::fast::bf16x2_to_f32x2(v.w, x[6], x[7]);
+  }
 };
 struct F16In {
   using Storage = std::uint16_t;
-  static __device__ __forceinline__ float to_f32(Storage v) { return num::f16_to_f32(v); }
+  static constexpr int kPerVector = 8;
+  static __device__ __forceinline__ float to_f32(Storage v) { return num::fast::f16_to_f32(v); }
+  static __device__ __forceinline__ void decode(const uint4& v, float (&x)[kPerVector]) {
+    num::fast::f16x2_to_f32x2(v.x, x[0], x[1]);
+    num::fast::f16x2_to_f32x2(v.y, x[2], x[3]);
+    num::fast::f16x2_to_f32x2(v.z, x[4], x[5]);
+    num::fast::f16x2_to_f32x2(v.w, x[6], x[7]);
+  }
 };
 
-// FP8 data types: the reference's encode/decode.
+// FP8 data types: the reference's encode (hardware fast path, same bytes) and decode.
 struct E4M3Out {
-  static __device__ __forceinline__ std::uint8_t encode(float x) { return num::f32_to_e4m3(x); }
+  static __device__ __forceinline__ std::uint32_t encode4(float a, float b, float c, float d) {
+    return num::fast::f32x4_to_e4m3x4(a, b, c, d);
+  }
+  static __device__ __forceinline__ std::uint8_t encode1(float x) {
+    return static_cast<std::uint8_t>(num::fast::f32x2_to_e4m3x2(x, 0.0f) & 0xFFu);
+  }
   static __device__ __forceinline__ float decode(std::uint8_t c) { return num::e4m3_to_f32(c); }
 };
 struct E5M2Out {
-  static __device__ __forceinline__ std::uint8_t encode(float x) { return num::f32_to_e5m2(x); }
+  static __device__ __forceinline__ std::uint32_t encode4(float a, float b, float c, float d) {
+    return num::fast::f32x4_to_e5m2x4(a, b, c, d);
+  }
+  static __device__ __forceinline__ std::uint8_t encode1(float x) {
+    return static_cast<std::uint8_t>(num::fast::f32x2_to_e5m2x2(x, 0.0f) & 0xFFu);
+  }
   static __device__ __forceinline__ float decode(std::uint8_t c) { return num::e5m2_to_f32(c); }
 };
 
-// ---------------------------------------------------------------- 2. device helpers
+// ---------------------------------------------------------------- 3. device helpers
 
-// A thread reads runs of consecutive elements with one 16-byte load: 4 f32 or 8 bf16/f16.
-template <class In>
-inline constexpr int kRunLength = 16 / static_cast<int>(sizeof(typename In::Storage));
+// One 16-byte global load / store (the caller guarantees 16-byte alignment).
+__device__ __forceinline__ uint4 load16(const void* p) { return *static_cast<const uint4*>(p); }
+__device__ __forceinline__ void store16(void* p, const uint4& v) { *static_cast<uint4*>(p) = v; }
 
-template <class Storage, int N>
-struct alignas(N * sizeof(Storage)) RunOf {
-  Storage v[N];
-};
-
-// Loads the run src[offset .. offset + N) holding `valid` (0..N) elements; the missing ones
-// read as 0. `aligned`: the whole run is in bounds and 16-byte aligned (one vector load).
-template <class In, int N>
-__device__ __forceinline__ void load_run(const typename In::Storage* src, std::int64_t offset,
-                                         int valid, bool aligned, float (&out)[N]) {
-  using Storage = typename In::Storage;
-  if (aligned) {
-    const RunOf<Storage, N> run = *reinterpret_cast<const RunOf<Storage, N>*>(src + offset);
+// N scaled elements -> N codes in N / 4 little-endian words (element 0 in the lowest byte).
+template <class Out, int N>
+__device__ __forceinline__ void encode_words(const float (&x)[N], float scale,
+                                             std::uint32_t (&words)[N / 4]) {
+  static_assert(N % 4 == 0, "codes are packed four to a word");
 #pragma unroll
-    for (int k = 0; k < N; ++k) out[k] = In::to_f32(run.v[k]);
-    return;
-  }
-#pragma unroll
-  for (int k = 0; k < N; ++k) out[k] = k < valid ? In::to_f32(src[offset + k]) : 0.0f;
+  for (int w = 0; w < N / 4; ++w)
+    words[w] = Out::encode4(x[4 * w] * scale, x[4 * w + 1] * scale, x[4 * w + 2] * scale,
+                            x[4 * w + 3] * scale);
 }
 
-// Stores `valid` codes at dst[offset ..]; a whole, 4-byte aligned run goes out as N / 4
-// 32-bit words (little-endian: codes[0] is the lowest byte).
-template <int N>
-__device__ __forceinline__ void store_codes(std::uint8_t* dst, std::int64_t offset, int valid,
-                                            bool aligned, const std::uint8_t (&codes)[N]) {
-  static_assert(N % 4 == 0, "runs are stored as whole 32-bit words");
-  if (aligned) {
-#pragma unroll
-    for (int w = 0; w < N / 4; ++w) {
-      const std::uint32_t word = static_cast<std::uint32_t>(codes[4 * w]) |
-                                 (static_cast<std::uint32_t>(codes[4 * w + 1]) << 8) |
-                                 (static_cast<std::uint32_t>(codes[4 * w + 2]) << 16) |
-                                 (static_cast<std::uint32_t>(codes[4 * w + 3]) << 24);
-      *reinterpret_cast<std::uint32_t*>(dst + offset + 4 * w) = word;
-    }
-    return;
-  }
-#pragma unroll
-  for (int k = 0; k < N; ++k)  // constant indices keep `codes` in registers
-    if (k < valid) dst[offset + k] = codes[k];
-}
-
-// Elements of a run that lie inside a dimension of `extent` when the run starts at `start`.
-__device__ __forceinline__ int valid_in_run(std::int64_t start, std::int64_t extent, int n) {
-  if (start >= extent) return 0;
-  return extent - start < n ? static_cast<int>(extent - start) : n;
+// |x| into a running amax: fmaxf ignores NaN, like the reference; the sign bit is cleared,
+// so -0 becomes +0 and the bit ordering of atomic_max_nonnegative holds.
+__device__ __forceinline__ float amax_of(float running, float x) {
+  return fmaxf(running, num::abs_f(x));
 }
 
 // Max over the block of every thread's `v` (all threads must call it; result valid in all).
@@ -168,157 +215,331 @@ __device__ __forceinline__ void atomic_max_nonnegative(float* address, float val
   atomicMax(reinterpret_cast<unsigned int*>(address), __float_as_uint(value));
 }
 
-// |x| for the amax: the sign bit cleared, so -0 becomes +0 and bit ordering holds.
-__device__ __forceinline__ float amax_of(float running, float x) {
-  return fmaxf(running, num::abs_f(x));  // fmaxf ignores NaN, like the reference
-}
-
 __device__ __forceinline__ float resolve_scale(const ScaleSource& s) {
   if (s.device_amax != nullptr)
     return scale_from_amax(*s.device_amax, s.fmax, s.pow2_scales, s.amax_epsilon);
+  if (s.device_scale != nullptr) return *s.device_scale;
   return s.scale;
 }
 
-// ---------------------------------------------------------------- 3. kernels
+// What both cast kernels write besides the data.
+struct CastScalars {
+  float* rowwise_scale_inv;     // nullptr: not requested
+  float* columnwise_scale_inv;  // nullptr: not requested
+  float* amax_accumulate[3];    // nullptr entries skipped; all nullptr: no amax is tracked
+  float* amax_mirror;           // nullptr, or receives *scale.device_amax
+  ScaleSource scale;
+};
 
-// amax: grid-stride over runs, kAmaxUnroll independent 16-byte loads in flight per thread,
-// a block max, then one atomic per block.
+// Block 0 writes scale_inv = 1 / scale (IEEE division, --prec-div=true) and the mirror amax.
+__device__ __forceinline__ void write_block_zero_scalars(const CastScalars& s, float scale) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const float scale_inv = 1.0f / scale;
+  if (s.rowwise_scale_inv) *s.rowwise_scale_inv = scale_inv;
+  if (s.columnwise_scale_inv) *s.columnwise_scale_inv = scale_inv;
+  if (s.amax_mirror) *s.amax_mirror = *s.scale.device_amax;
+}
+
+// The block's amax joins every accumulation target: one atomic per block and target.
+// Block-uniform: every thread of the block must call it.
+template <int kThreads>
+__device__ __forceinline__ void accumulate_block_amax(const CastScalars& s, float running) {
+  if (s.amax_accumulate[0] == nullptr && s.amax_accumulate[1] == nullptr &&
+      s.amax_accumulate[2] == nullptr)
+    return;
+  const float block = block_max<kThreads>(running);
+  if (threadIdx.x != 0 || !(block > 0.0f)) return;  // 0 changes nothing
+#pragma unroll
+  for (int i = 0; i < 3; ++i)
+    if (s.amax_accumulate[i]) atomic_max_nonnegative(s.amax_accumulate[i], block);
+}
+
+// Transposes a 4x4 byte matrix held as 4 words (word i = row i, byte j = column j) into
+// 4 words (word j = column j, byte i = row i). __byte_perm(x, y, s): result byte n is byte
+// (s >> 4n) & 7 of the 8 bytes {x, y}.
+__device__ __forceinline__ void transpose_4x4_bytes(std::uint32_t r0, std::uint32_t r1,
+                                                    std::uint32_t r2, std::uint32_t r3,
+                                                    std::uint32_t (&col)[4]) {
+  const std::uint32_t t0 = __byte_perm(r0, r1, 0x5140);  // r0.0 r1.0 r0.1 r1.1
+  const std::uint32_t t1 = __byte_perm(r0, r1, 0x7362);  // r0.2 r1.2 r0.3 r1.3
+  const std::uint32_t t2 = __byte_perm(r2, r3, 0x5140);  // r2.0 r3.0 r2.1 r3.1
+  const std::uint32_t t3 = __byte_perm(r2, r3, 0x7362);  // r2.2 r3.2 r2.3 r3.3
+  col[0] = __byte_perm(t0, t2, 0x5410);                  // r0.0 r1.0 r2.0 r3.0
+  col[1] = __byte_perm(t0, t2, 0x7632);                  // r0.1 r1.1 r2.1 r3.1
+  col[2] = __byte_perm(t1, t3, 0x5410);                  // r0.2 r1.2 r2.2 r3.2
+  col[3] = __byte_perm(t1, t3, 0x7632);                  // r0.3 r1.3 r2.3 r3.3
+}
+
+// ---------------------------------------------------------------- 4. kernels
+
+// amax: grid-stride over 16-byte vectors, kAmaxUnroll loads in flight per thread (all issued
+// before any is used), a block max, then one atomic per block.
 constexpr int kAmaxThreads = 256;
 constexpr int kAmaxUnroll = 4;
-constexpr int kAmaxBlocksPerSM = 2048 / kAmaxThreads;  // a full SM of resident threads: 8
 
 template <class In>
 __global__ void __launch_bounds__(kAmaxThreads)
-    amax_kernel(const typename In::Storage* src, std::int64_t numel, bool src_aligned,
+    amax_kernel(const typename In::Storage* __restrict__ src, std::int64_t numel, bool aligned,
                 float* amax_out) {
-  constexpr int N = kRunLength<In>;
-  const std::int64_t runs = (numel + N - 1) / N;
+  constexpr int N = In::kPerVector;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const std::int64_t tid = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   float running = 0.0f;
-  for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       base < runs; base += stride * kAmaxUnroll) {
-    float x[kAmaxUnroll][N];
+  if (aligned) {
+    const std::int64_t vectors = numel / N;
+    for (std::int64_t base = tid; base < vectors; base += stride * kAmaxUnroll) {
+      uint4 raw[kAmaxUnroll];
 #pragma unroll
-    for (int u = 0; u < kAmaxUnroll; ++u) {
-      const std::int64_t offset = (base + u * stride) * N;
-      const int valid = valid_in_run(offset, numel, N);
-      load_run<In, N>(src, offset, valid, src_aligned && valid == N, x[u]);
+      for (int u = 0; u < kAmaxUnroll; ++u) {
+        const std::int64_t v = base + u * stride;
+        raw[u] = v < vectors ? load16(src + v * N) : make_uint4(0, 0, 0, 0);  // 0 reads as 0
+      }
+#pragma unroll
+      for (int u = 0; u < kAmaxUnroll; ++u) {
+        float x[N];
+        In::decode(raw[u], x);
+#pragma unroll
+        for (int k = 0; k < N; ++k) running = amax_of(running, x[k]);
+      }
     }
-#pragma unroll
-    for (int u = 0; u < kAmaxUnroll; ++u)
-#pragma unroll
-      for (int k = 0; k < N; ++k) running = amax_of(running, x[u][k]);  // padding reads 0
+    // The last numel % N elements, one per thread.
+    const std::int64_t tail = vectors * N + tid;
+    if (tail < numel) running = amax_of(running, In::to_f32(src[tail]));
+  } else {
+    for (std::int64_t i = tid; i < numel; i += stride)
+      running = amax_of(running, In::to_f32(src[i]));
   }
   const float block = block_max<kAmaxThreads>(running);
   if (threadIdx.x == 0 && block > 0.0f) atomic_max_nonnegative(amax_out, block);
 }
 
-// Fused cast + transpose. One block per kRows x kCols tile of the [rows, cols] input.
-// Phase 1: each thread loads runs along a row, quantizes them, writes the rowwise bytes, and
-// parks the codes in a shared-memory tile. Phase 2 (columnwise requested): each thread reads
-// a run of consecutive rows down one column of the tile and writes it as consecutive bytes
-// of the transposed [cols, rows] output, so global writes are coalesced in both directions.
+// Rowwise cast of a contiguous tensor, as a flat array: each thread takes chunks of
+// kRowwiseChunk elements (1 or 2 (f32: 2 or 4) 16-byte loads, one 16-byte store of codes),
+// kRowwiseUnroll chunks per iteration with all their loads issued first.
+constexpr int kRowwiseThreads = 256;
+constexpr int kRowwiseChunk = 16;  // codes per 16-byte store
+constexpr int kRowwiseUnroll = 2;  // bf16: 4 loads (64 bytes) in flight per thread; f32: 8
+
+template <class In, class Out>
+__global__ void __launch_bounds__(kRowwiseThreads)
+    cast_rowwise_kernel(const typename In::Storage* __restrict__ src, std::int64_t numel,
+                        bool aligned, std::uint8_t* __restrict__ dst, const CastScalars s) {
+  constexpr int N = In::kPerVector;
+  constexpr int kVectors = kRowwiseChunk / N;  // loads per chunk: 2 (16-bit) or 4 (f32)
+  static_assert(kRowwiseChunk % N == 0, "a chunk holds whole input vectors");
+  const float scale = resolve_scale(s.scale);
+  write_block_zero_scalars(s, scale);
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const std::int64_t tid = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  float running = 0.0f;
+  if (aligned) {
+    const std::int64_t chunks = numel / kRowwiseChunk;
+    for (std::int64_t base = tid; base < chunks; base += stride * kRowwiseUnroll) {
+      uint4 raw[kRowwiseUnroll][kVectors];
+#pragma unroll
+      for (int u = 0; u < kRowwiseUnroll; ++u) {
+        const std::int64_t chunk = base + u * stride;
+#pragma unroll
+        for (int v = 0; v < kVectors; ++v)
+          raw[u][v] = chunk < chunks ? load16(src + chunk * kRowwiseChunk + v * N)
+                                     : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kRowwiseUnroll; ++u) {
+        const std::int64_t chunk = base + u * stride;
+        if (chunk >= chunks) break;
+        std::uint32_t words[kRowwiseChunk / 4];
+#pragma unroll
+        for (int v = 0; v < kVectors; ++v) {
+          float x[N];
+          In::decode(raw[u][v], x);
+#pragma unroll
+          for (int k = 0; k < N; ++k) running = amax_of(running, x[k]);
+          std::uint32_t part[N / 4];
+          encode_words<Out, N>(x, scale, part);
+#pragma unroll
+          for (int w = 0; w < N / 4; ++w) words[v * (N / 4) + w] = part[w];
+        }
+        store16(dst + chunk * kRowwiseChunk, make_uint4(words[0], words[1], words[2], words[3]));
+      }
+    }
+    // The last numel % 16 elements, one per thread.
+    const std::int64_t tail = (numel / kRowwiseChunk) * kRowwiseChunk + tid;
+    if (tail < numel) {
+      const float x = In::to_f32(src[tail]);
+      running = amax_of(running, x);
+      dst[tail] = Out::encode1(x * scale);
+    }
+  } else {
+    for (std::int64_t i = tid; i < numel; i += stride) {
+      const float x = In::to_f32(src[i]);
+      running = amax_of(running, x);
+      dst[i] = Out::encode1(x * scale);
+    }
+  }
+  accumulate_block_amax<kRowwiseThreads>(s, running);
+}
+
+// Fused cast + transpose over kRows x kCols tiles of the [rows, cols] input, one tile per
+// block (columnwise requested; rowwise optional).
+//
+// Phase 1: thread (tx, ty) owns micro-tiles of kMicroRows rows x kVector columns: per row one
+// 16-byte load (all kPasses x kMicroRows loads issued first), the codes of a row go out as one
+// kVector-byte rowwise store, and each 4x4 block of codes is transposed in registers into
+// 4 words (4 consecutive rows of one column) stored in the shared tile, which holds the tile
+// transposed: tile[c] is the kRows codes of column c, as kRows / 4 words.
+// Phase 2: each thread copies 16-byte runs of tile[c] (16 consecutive rows of column c) to
+// the columnwise output [cols, rows]: 8 threads write one 128-byte run per tile column.
+//
+// Bank conflicts: a phase-1 store instruction of a warp writes word q = pass * 16 + ty of 32
+// different columns (tx = 0..15, two values of ty). Unpadded rows of 32 words would put all
+// of them in one bank; the word is therefore stored at q ^ swizzle(c) with swizzle(c) =
+// 2 * (c / kVector) = 2 * tx: (q ^ 2tx) takes 32 distinct values over the warp (2tx is even
+// and distinct per tx, the two ty differ in bit 0), so stores are conflict-free. Phase 2 reads
+// a whole 16-byte group: logical group g sits at physical group g ^ (swizzle >> 2), with its
+// words in the order (2, 3, 0, 1) when bit 1 of the swizzle is set; 8 consecutive threads
+// read the 8 groups of one column, conflict-free.
 template <class In>
-struct CastTile {
-  static constexpr int kRun = kRunLength<In>;                     // f32: 4, bf16/f16: 8
-  static constexpr int kRows = 64;
-  static constexpr int kCols = 64;
+struct TileShape {
+  static constexpr int kVector = In::kPerVector;                // elements per 16-byte load
   static constexpr int kThreads = 256;
-  static constexpr int kThreadsPerRow = kCols / kRun;             // 16 or 8
-  static constexpr int kRowsPerPass = kThreads / kThreadsPerRow;  // 16 or 32
-  static constexpr int kRowPasses = kRows / kRowsPerPass;         // 4 or 2
-  static constexpr int kThreadsPerCol = kRows / kRun;             // 16 or 8
-  static constexpr int kColsPerPass = kThreads / kThreadsPerCol;  // 16 or 32
-  static constexpr int kColPasses = kCols / kColsPerPass;         // 4 or 2
-  // Rows padded by one 32-bit word: 68 bytes keep rows 4-byte aligned for the packed stores
-  // and make phase 2's column reads at most 2-way bank conflicted.
-  static constexpr int kPitch = kCols + 4;
-  static_assert(kCols % kRun == 0 && kRows % kRun == 0, "tiles hold whole runs");
-  static_assert(kThreads % kThreadsPerRow == 0 && kRows % kRowsPerPass == 0,
-                "phase 1 passes cover the tile exactly");
-  static_assert(kThreads % kThreadsPerCol == 0 && kCols % kColsPerPass == 0,
-                "phase 2 passes cover the tile exactly");
-  static_assert(kPitch % 4 == 0, "tile rows must stay 4-byte aligned");
+  static constexpr int kThreadsX = 16;                          // across a tile row
+  static constexpr int kThreadsY = kThreads / kThreadsX;        // 16
+  static constexpr int kCols = kThreadsX * kVector;             // 64 (f32) or 128: 256 bytes
+  static constexpr int kMicroRows = 4;                          // one 4x4 byte transpose
+  static constexpr int kRowsPerPass = kThreadsY * kMicroRows;   // 64
+  static constexpr int kPasses = 2;
+  static constexpr int kRows = kRowsPerPass * kPasses;          // 128: 128-byte output runs
+  static constexpr int kWordsPerCol = kRows / 4;                // 32 words per tile column
+  static constexpr int kGroupsPerCol = kRows / 16;              // 8 16-byte runs per column
+  static constexpr int kColsPerStorePass = kThreads / kGroupsPerCol;  // 32
+  static constexpr int kStorePasses = kCols / kColsPerStorePass;      // 2 (f32) or 4
+  // Shared tile: kCols x kRows codes = 8 KiB (f32) or 16 KiB.
+  static_assert(kThreads % kThreadsX == 0 && kVector % 4 == 0, "whole 4x4 transposes");
+  static_assert(kWordsPerCol == 32, "one tile column is one 128-byte row of 32 banks");
+  static_assert(2 * (kThreadsX - 1) < kWordsPerCol, "the swizzle stays inside a column row");
+  static_assert(kThreadsY * kPasses == kRows / kMicroRows, "phase-1 passes cover the rows");
+  static_assert(kThreads % kGroupsPerCol == 0 && kCols % kColsPerStorePass == 0,
+                "phase-2 passes cover the columns");
+  static __device__ __forceinline__ int swizzle(int col) { return 2 * (col / kVector); }
 };
 
-template <class In>
-struct CastTransposeParams {
-  const typename In::Storage* src;
-  std::int64_t rows, cols;
-  std::int64_t tiles_per_row;  // ceil(cols / kCols)
-  std::uint8_t* rowwise;       // nullptr: not requested
-  std::uint8_t* columnwise;    // nullptr: not requested
-  float* rowwise_scale_inv;
-  float* columnwise_scale_inv;
-  float* amax_accumulate;      // nullptr: no amax
-  ScaleSource scale;
-  bool load_aligned;              // cols % kRun == 0 and src 16-byte aligned
-  bool rowwise_store_aligned;     // cols % 4 == 0 and rowwise 4-byte aligned
-  bool columnwise_store_aligned;  // rows % 4 == 0 and columnwise 4-byte aligned
+struct TileFlags {
+  bool vector_rows;     // src 16-byte aligned, cols % kVector == 0, rowwise kVector-aligned
+  bool vector_columns;  // columnwise 16-byte aligned and rows % 16 == 0
 };
 
 template <class In, class Out>
-__global__ void __launch_bounds__(CastTile<In>::kThreads)
-    cast_transpose_kernel(const CastTransposeParams<In> p) {
-  using T = CastTile<In>;
-  constexpr int N = T::kRun;
-  __shared__ alignas(4) std::uint8_t tile[T::kRows][T::kPitch];
-  const float scale = resolve_scale(p.scale);
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    const float scale_inv = 1.0f / scale;  // IEEE division (--prec-div=true)
-    if (p.rowwise_scale_inv) *p.rowwise_scale_inv = scale_inv;
-    if (p.columnwise_scale_inv) *p.columnwise_scale_inv = scale_inv;
-  }
-  const std::int64_t row0 = (blockIdx.x / p.tiles_per_row) * T::kRows;
-  const std::int64_t col0 = (blockIdx.x % p.tiles_per_row) * T::kCols;
+__global__ void __launch_bounds__(TileShape<In>::kThreads, 2)
+    cast_transpose_kernel(const typename In::Storage* __restrict__ src, std::int64_t rows,
+                          std::int64_t cols, std::int64_t tiles_per_row,
+                          std::uint8_t* __restrict__ rowwise, std::uint8_t* __restrict__ columnwise,
+                          const TileFlags flags, const CastScalars s) {
+  using T = TileShape<In>;
+  constexpr int V = T::kVector;
+  __shared__ alignas(16) std::uint32_t tile[T::kCols][T::kWordsPerCol];
+  std::uint8_t* const tile_bytes = reinterpret_cast<std::uint8_t*>(&tile[0][0]);
+  // Byte of row r, column c in the swizzled transposed tile.
+  const auto tile_byte_index = [](int r, int c) {
+    return (c * T::kWordsPerCol + ((r / 4) ^ T::swizzle(c))) * 4 + r % 4;
+  };
 
-  // Phase 1: load, quantize, rowwise store, park in the tile.
-  const int run_col = static_cast<int>(threadIdx.x % T::kThreadsPerRow) * N;
-  const int valid_cols = valid_in_run(col0 + run_col, p.cols, N);
-  float running_amax = 0.0f;
+  const float scale = resolve_scale(s.scale);
+  write_block_zero_scalars(s, scale);
+  const std::int64_t row0 = (blockIdx.x / tiles_per_row) * T::kRows;
+  const std::int64_t col0 = (blockIdx.x % tiles_per_row) * T::kCols;
+  const bool full_tile = row0 + T::kRows <= rows && col0 + T::kCols <= cols;
+  float running = 0.0f;
+
+  // Phase 1: load, quantize, rowwise store, park the codes transposed in the tile.
+  if (full_tile && flags.vector_rows) {
+    const int tx = static_cast<int>(threadIdx.x) % T::kThreadsX;
+    const int ty = static_cast<int>(threadIdx.x) / T::kThreadsX;
+    const int c = tx * V;  // first tile column of this thread
+    uint4 raw[T::kPasses][T::kMicroRows];
 #pragma unroll
-  for (int pass = 0; pass < T::kRowPasses; ++pass) {
-    const int r = static_cast<int>(threadIdx.x / T::kThreadsPerRow) + pass * T::kRowsPerPass;
-    std::uint8_t codes[N] = {};
-    if (row0 + r < p.rows && valid_cols > 0) {
-      const std::int64_t offset = (row0 + r) * p.cols + col0 + run_col;
-      float x[N];
-      load_run<In, N>(p.src, offset, valid_cols, p.load_aligned && valid_cols == N, x);
+    for (int pass = 0; pass < T::kPasses; ++pass)
 #pragma unroll
-      for (int k = 0; k < N; ++k) {
-        if (k < valid_cols) running_amax = amax_of(running_amax, x[k]);
-        codes[k] = Out::encode(x[k] * scale);
+      for (int i = 0; i < T::kMicroRows; ++i) {
+        const std::int64_t r = row0 + pass * T::kRowsPerPass + ty * T::kMicroRows + i;
+        raw[pass][i] = load16(src + r * cols + col0 + c);
       }
-      if (p.rowwise)
-        store_codes<N>(p.rowwise, offset, valid_cols,
-                       p.rowwise_store_aligned && valid_cols == N, codes);
+#pragma unroll
+    for (int pass = 0; pass < T::kPasses; ++pass) {
+      std::uint32_t codes[T::kMicroRows][V / 4];
+#pragma unroll
+      for (int i = 0; i < T::kMicroRows; ++i) {
+        float x[V];
+        In::decode(raw[pass][i], x);
+#pragma unroll
+        for (int k = 0; k < V; ++k) running = amax_of(running, x[k]);
+        encode_words<Out, V>(x, scale, codes[i]);
+        if (rowwise != nullptr) {
+          const std::int64_t r = row0 + pass * T::kRowsPerPass + ty * T::kMicroRows + i;
+          std::uint8_t* out = rowwise + r * cols + col0 + c;
+          if constexpr (V == 8)
+            *reinterpret_cast<uint2*>(out) = make_uint2(codes[i][0], codes[i][1]);
+          else
+            *reinterpret_cast<std::uint32_t*>(out) = codes[i][0];
+        }
+      }
+      const int q = pass * (T::kRowsPerPass / 4) + ty;  // word of these 4 rows in a column
+#pragma unroll
+      for (int w = 0; w < V / 4; ++w) {
+        std::uint32_t col_words[4];
+        transpose_4x4_bytes(codes[0][w], codes[1][w], codes[2][w], codes[3][w], col_words);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int col = c + 4 * w + j;
+          tile[col][q ^ T::swizzle(col)] = col_words[j];
+        }
+      }
     }
-    if (p.columnwise) store_codes<N>(&tile[r][0], run_col, N, true, codes);
+  } else {
+    // Edge tile or unaligned data: element by element, same bytes. Out-of-range codes are 0
+    // in the tile and never stored.
+    for (int e = static_cast<int>(threadIdx.x); e < T::kRows * T::kCols; e += T::kThreads) {
+      const int r = e / T::kCols, c = e % T::kCols;
+      const std::int64_t gr = row0 + r, gc = col0 + c;
+      std::uint8_t code = 0;
+      if (gr < rows && gc < cols) {
+        const float x = In::to_f32(src[gr * cols + gc]);
+        running = amax_of(running, x);
+        code = Out::encode1(x * scale);
+        if (rowwise != nullptr) rowwise[gr * cols + gc] = code;
+      }
+      tile_bytes[tile_byte_index(r, c)] = code;
+    }
   }
-  if (p.amax_accumulate) {
-    const float block = block_max<T::kThreads>(running_amax);
-    if (threadIdx.x == 0 && block > 0.0f) atomic_max_nonnegative(p.amax_accumulate, block);
-  }
-  if (!p.columnwise) return;
   __syncthreads();
 
-  // Phase 2: columnwise[c][r] = tile[r][c], a run of N consecutive r per thread.
-  const int run_row = static_cast<int>(threadIdx.x % T::kThreadsPerCol) * N;
-  const int valid_rows = valid_in_run(row0 + run_row, p.rows, N);
-  if (valid_rows == 0) return;
+  // Phase 2: columnwise[col0 + c][row0 + r] = code of (r, c).
+  if (full_tile && flags.vector_columns) {
+    const int g = static_cast<int>(threadIdx.x) % T::kGroupsPerCol;
 #pragma unroll
-  for (int pass = 0; pass < T::kColPasses; ++pass) {
-    const int c = static_cast<int>(threadIdx.x / T::kThreadsPerCol) + pass * T::kColsPerPass;
-    if (col0 + c >= p.cols) break;  // later passes only go further right
-    std::uint8_t codes[N];
-#pragma unroll
-    for (int k = 0; k < N; ++k) codes[k] = tile[run_row + k][c];
-    store_codes<N>(p.columnwise, (col0 + c) * p.rows + row0 + run_row, valid_rows,
-                   p.columnwise_store_aligned && valid_rows == N, codes);
+    for (int pass = 0; pass < T::kStorePasses; ++pass) {
+      const int col =
+          pass * T::kColsPerStorePass + static_cast<int>(threadIdx.x) / T::kGroupsPerCol;
+      const int sw = T::swizzle(col);
+      uint4 v = reinterpret_cast<const uint4*>(&tile[col][0])[g ^ (sw >> 2)];
+      if (sw & 2) {
+        const uint4 physical = v;
+        v = make_uint4(physical.z, physical.w, physical.x, physical.y);
+      }
+      store16(columnwise + (col0 + col) * rows + row0 + 16 * g, v);
+    }
+  } else {
+    for (int e = static_cast<int>(threadIdx.x); e < T::kRows * T::kCols; e += T::kThreads) {
+      const int c = e / T::kRows, r = e % T::kRows;
+      const std::int64_t gr = row0 + r, gc = col0 + c;
+      if (gr < rows && gc < cols) columnwise[gc * rows + gr] = tile_bytes[tile_byte_index(r, c)];
+    }
   }
+  accumulate_block_amax<T::kThreads>(s, running);
 }
 
 // Dequantize: one element per thread (grid-stride); the columnwise copy is read transposed.
+// Not on the training path (the GEMM consumes the codes); kept simple.
 constexpr int kDequantizeThreads = 256;
 constexpr int kDequantizeMaxBlocks = 8192;
 
@@ -342,18 +563,15 @@ __global__ void __launch_bounds__(kDequantizeThreads)
   }
 }
 
-__global__ void fill_scalar_kernel(float* dst, float value) { *dst = value; }
-
-// ---------------------------------------------------------------- 4. launchers, entries
-
-bool is_aligned(const void* p, std::size_t bytes) {
-  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+// The scalar writes of write_scalars(), in one thread.
+__global__ void write_scalars_kernel(float* dst0, float* dst1, float value, float* max_into,
+                                     float max_value) {
+  if (dst0) *dst0 = value;
+  if (dst1) *dst1 = value;
+  if (max_into && max_value > 0.0f) atomic_max_nonnegative(max_into, max_value);
 }
 
-std::int64_t blocks_for(std::int64_t work_items, int threads, std::int64_t max_blocks) {
-  const std::int64_t blocks = (work_items + threads - 1) / threads;
-  return blocks < 1 ? 1 : (blocks > max_blocks ? max_blocks : blocks);
-}
+// ---------------------------------------------------------------- 5. launchers, entries
 
 void check_source_dtype(qr_dtype dtype, const char* entry) {
   QR_CHECK_CODE(dtype == QR_DTYPE_F32 || dtype == QR_DTYPE_BF16 || dtype == QR_DTYPE_F16,
@@ -367,61 +585,76 @@ void check_data_dtype(qr_dtype dtype, const char* entry) {
            ": data dtype code ", static_cast<int>(dtype), " is not e4m3 or e5m2");
 }
 
-int sm_count() {
-  int device = 0, count = 0;
-  QR_CUDA_CHECK(cudaGetDevice(&device));
-  QR_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
-}
-
 template <class In>
 void launch_amax(const void* src, std::int64_t numel, float* amax_out, cudaStream_t stream) {
   using Storage = typename In::Storage;
-  constexpr int N = kRunLength<In>;
-  // Enough blocks to fill every SM once; the grid-stride loop covers the rest.
-  const std::int64_t runs = (numel + N - 1) / N;
-  const auto blocks = static_cast<unsigned>(
-      blocks_for(runs, kAmaxThreads * kAmaxUnroll,
-                 static_cast<std::int64_t>(sm_count()) * kAmaxBlocksPerSM));
-  amax_kernel<In><<<blocks, kAmaxThreads, 0, stream>>>(
-      static_cast<const Storage*>(src), numel, is_aligned(src, 16), amax_out);
+  const auto kernel = amax_kernel<In>;
+  const std::int64_t vectors = (numel + In::kPerVector - 1) / In::kPerVector;
+  const unsigned blocks = grid_stride_blocks(reinterpret_cast<const void*>(kernel),
+                                             kAmaxThreads, vectors, kAmaxUnroll);
+  kernel<<<blocks, kAmaxThreads, 0, stream>>>(static_cast<const Storage*>(src), numel,
+                                              is_aligned(src, 16), amax_out);
   QR_CUDA_CHECK_LAUNCH("amax_kernel");
+}
+
+CastScalars cast_scalars(const CastTransposeArgs& a) {
+  CastScalars s{};
+  s.rowwise_scale_inv = a.rowwise_scale_inv;
+  s.columnwise_scale_inv = a.columnwise_scale_inv;
+  for (int i = 0; i < 3; ++i) s.amax_accumulate[i] = a.amax_accumulate[i];
+  s.amax_mirror = a.amax_mirror;
+  s.scale = a.scale;
+  return s;
+}
+
+template <class In, class Out>
+void launch_rowwise(const CastTransposeArgs& a) {
+  using Storage = typename In::Storage;
+  const auto kernel = cast_rowwise_kernel<In, Out>;
+  const std::int64_t numel = a.rows * a.cols;
+  const std::int64_t chunks = (numel + kRowwiseChunk - 1) / kRowwiseChunk;
+  const unsigned blocks = grid_stride_blocks(reinterpret_cast<const void*>(kernel),
+                                             kRowwiseThreads, chunks, kRowwiseUnroll);
+  // Chunk k reads src + 16k elements (32k or 64k bytes) and writes rowwise + 16k bytes.
+  const bool aligned = is_aligned(a.src, 16) && is_aligned(a.rowwise, 16);
+  kernel<<<blocks, kRowwiseThreads, 0, as_stream(a.stream)>>>(
+      static_cast<const Storage*>(a.src), numel, aligned, a.rowwise, cast_scalars(a));
+  QR_CUDA_CHECK_LAUNCH("cast_rowwise_kernel");
 }
 
 template <class In, class Out>
 void launch_cast_transpose(const CastTransposeArgs& a) {
   using Storage = typename In::Storage;
-  using T = CastTile<In>;
-  CastTransposeParams<In> p{};
-  p.src = static_cast<const Storage*>(a.src);
-  p.rows = a.rows;
-  p.cols = a.cols;
-  p.tiles_per_row = a.cols == 0 ? 1 : (a.cols + T::kCols - 1) / T::kCols;
-  p.rowwise = a.rowwise;
-  p.columnwise = a.columnwise;
-  p.rowwise_scale_inv = a.rowwise_scale_inv;
-  p.columnwise_scale_inv = a.columnwise_scale_inv;
-  p.amax_accumulate = a.amax_accumulate;
-  p.scale = a.scale;
-  p.load_aligned = a.cols % T::kRun == 0 && is_aligned(a.src, 16);
-  // Codes go out as 32-bit words: a run starts 4-byte aligned when the row length is a
-  // multiple of 4 (runs start at multiples of kRun, itself a multiple of 4).
-  p.rowwise_store_aligned = a.cols % 4 == 0 && is_aligned(a.rowwise, 4);
-  p.columnwise_store_aligned = a.rows % 4 == 0 && is_aligned(a.columnwise, 4);
-  // One block per tile; an empty tensor still gets one block, which only writes scale_inv.
+  using T = TileShape<In>;
+  const std::int64_t tiles_per_row = a.cols == 0 ? 1 : (a.cols + T::kCols - 1) / T::kCols;
   const std::int64_t tile_rows = (a.rows + T::kRows - 1) / T::kRows;
-  const std::int64_t tiles = tile_rows * p.tiles_per_row;
+  // One block per tile; an empty tensor still gets one block, which only writes scalars.
+  const std::int64_t tiles = tile_rows * tiles_per_row;
   QR_CHECK(tiles <= INT_MAX, "float8 cast_transpose: ", a.rows, " x ", a.cols, " needs ", tiles,
            " tiles of ", T::kRows, "x", T::kCols, "; at most ", INT_MAX, " fit in one grid");
+  TileFlags flags;
+  flags.vector_rows = is_aligned(a.src, 16) && a.cols % T::kVector == 0 &&
+                      (a.rowwise == nullptr || is_aligned(a.rowwise, T::kVector));
+  flags.vector_columns = is_aligned(a.columnwise, 16) && a.rows % 16 == 0;
   const auto blocks = static_cast<unsigned>(tiles < 1 ? 1 : tiles);
-  cast_transpose_kernel<In, Out><<<blocks, T::kThreads, 0, as_stream(a.stream)>>>(p);
+  cast_transpose_kernel<In, Out><<<blocks, T::kThreads, 0, as_stream(a.stream)>>>(
+      static_cast<const Storage*>(a.src), a.rows, a.cols, tiles_per_row, a.rowwise,
+      a.columnwise, flags, cast_scalars(a));
   QR_CUDA_CHECK_LAUNCH("cast_transpose_kernel");
 }
 
+template <class In, class Out>
+void dispatch_directions(const CastTransposeArgs& a) {
+  // Rowwise only: a flat elementwise pass (no shared memory, no tiles). Otherwise the tiled
+  // pass, which also writes the rowwise bytes when they are requested.
+  if (a.columnwise == nullptr) launch_rowwise<In, Out>(a);
+  else launch_cast_transpose<In, Out>(a);
+}
+
 template <class In>
-void dispatch_cast_transpose(const CastTransposeArgs& a) {
-  if (a.data_dtype == QR_DTYPE_E4M3) launch_cast_transpose<In, E4M3Out>(a);
-  else launch_cast_transpose<In, E5M2Out>(a);
+void dispatch_cast(const CastTransposeArgs& a) {
+  if (a.data_dtype == QR_DTYPE_E4M3) dispatch_directions<In, E4M3Out>(a);
+  else dispatch_directions<In, E5M2Out>(a);
 }
 
 }  // namespace
@@ -467,14 +700,19 @@ void cast_transpose(const CastTransposeArgs& a) {
            " x ", a.cols);
   QR_CHECK(a.rows * a.cols == 0 || a.src != nullptr,
            "float8 CUDA cast_transpose: the source has a null data pointer");
-  QR_CHECK(a.scale.device_amax == nullptr || a.scale.device_amax != a.amax_accumulate,
-           "float8 CUDA cast_transpose: the amax that sets the scale cannot also accumulate "
-           "this cast's amax");
+  QR_CHECK(a.rowwise != nullptr || a.columnwise != nullptr,
+           "float8 CUDA cast_transpose: neither rowwise nor columnwise output was given");
+  QR_CHECK(a.amax_mirror == nullptr || a.scale.device_amax != nullptr,
+           "float8 CUDA cast_transpose: amax_mirror needs scale.device_amax to copy from");
+  for (const float* acc : a.amax_accumulate)
+    QR_CHECK(acc == nullptr || acc != a.scale.device_amax,
+             "float8 CUDA cast_transpose: the amax that sets the scale cannot also accumulate "
+             "this cast's amax");
   DeviceGuard guard(a.device_index);
   switch (a.src_dtype) {
-    case QR_DTYPE_F32: dispatch_cast_transpose<F32In>(a); break;
-    case QR_DTYPE_BF16: dispatch_cast_transpose<BF16In>(a); break;
-    default: dispatch_cast_transpose<F16In>(a); break;
+    case QR_DTYPE_F32: dispatch_cast<F32In>(a); break;
+    case QR_DTYPE_BF16: dispatch_cast<BF16In>(a); break;
+    default: dispatch_cast<F16In>(a); break;
   }
 }
 
@@ -490,28 +728,23 @@ void dequantize(const std::uint8_t* data, qr_dtype data_dtype, bool transposed,
   const std::int64_t numel = rows * cols;
   if (numel == 0) return;
   DeviceGuard guard(device_index);
-  const auto blocks =
-      static_cast<unsigned>(blocks_for(numel, kDequantizeThreads, kDequantizeMaxBlocks));
+  std::int64_t blocks = (numel + kDequantizeThreads - 1) / kDequantizeThreads;
+  if (blocks > kDequantizeMaxBlocks) blocks = kDequantizeMaxBlocks;
   const cudaStream_t s = as_stream(stream);
   if (data_dtype == QR_DTYPE_E4M3)
-    dequantize_kernel<E4M3Out><<<blocks, kDequantizeThreads, 0, s>>>(
+    dequantize_kernel<E4M3Out><<<static_cast<unsigned>(blocks), kDequantizeThreads, 0, s>>>(
         data, transposed, rows, cols, scale_inv, dst, dst_dtype);
   else
-    dequantize_kernel<E5M2Out><<<blocks, kDequantizeThreads, 0, s>>>(
+    dequantize_kernel<E5M2Out><<<static_cast<unsigned>(blocks), kDequantizeThreads, 0, s>>>(
         data, transposed, rows, cols, scale_inv, dst, dst_dtype);
   QR_CUDA_CHECK_LAUNCH("dequantize_kernel");
 }
 
-void fill_scalar(float* dst, float value, int device_index, void* stream) {
+void write_scalars(float* dst0, float* dst1, float value, float* max_into, float max_value,
+                   int device_index, void* stream) {
   DeviceGuard guard(device_index);
-  fill_scalar_kernel<<<1, 1, 0, as_stream(stream)>>>(dst, value);
-  QR_CUDA_CHECK_LAUNCH("fill_scalar_kernel");
-}
-
-void copy_scalar(float* dst, const float* src, int device_index, void* stream) {
-  DeviceGuard guard(device_index);
-  QR_CUDA_CHECK(
-      cudaMemcpyAsync(dst, src, sizeof(float), cudaMemcpyDeviceToDevice, as_stream(stream)));
+  write_scalars_kernel<<<1, 1, 0, as_stream(stream)>>>(dst0, dst1, value, max_into, max_value);
+  QR_CUDA_CHECK_LAUNCH("write_scalars_kernel");
 }
 
 float read_scalar(const float* src, int device_index, void* stream) {

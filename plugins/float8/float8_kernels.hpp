@@ -18,16 +18,18 @@
 
 namespace qrecipe::float8::cuda {
 
-// Where the per-tensor scale of a cast comes from.
+// Where the per-tensor scale of a cast comes from (the first that is set wins).
 struct ScaleSource {
   // Current scaling: a device pointer to the tensor amax; each block computes
   // scale = scale_from_amax(*amax, fmax, pow2_scales, amax_epsilon) on the device, so no host
-  // round trip is needed. nullptr: use `scale` below.
+  // round trip is needed.
   const float* device_amax = nullptr;
   float fmax = 448.0f;
   bool pow2_scales = false;
   float amax_epsilon = 0.0f;
-  // Delayed scaling (or a caller-reduced amax turned into a scale on the host).
+  // Delayed scaling: a device pointer to the state's scale (read by each block).
+  const float* device_scale = nullptr;
+  // Otherwise: a scale computed on the host (a caller-reduced amax under current scaling).
   float scale = 1.0f;
 };
 
@@ -40,9 +42,13 @@ struct CastTransposeArgs {
   std::uint8_t* columnwise = nullptr;   // [cols, rows] or nullptr (not requested)
   float* rowwise_scale_inv = nullptr;    // [1]: receives 1/scale, or nullptr
   float* columnwise_scale_inv = nullptr; // [1]: receives 1/scale, or nullptr
-  // Optional: max |x| over the tensor is atomically max-accumulated here (delayed scaling
-  // observes the amax while it casts). Must hold a non-negative value before the call.
-  float* amax_accumulate = nullptr;
+  // Optional: max |x| over the tensor (NaN ignored) is atomically max-accumulated into each
+  // non-null entry (delayed scaling observes the amax while it casts: the tensor's amax
+  // buffers and the history row 0). Each must hold a non-negative, non-NaN value before.
+  float* amax_accumulate[3] = {nullptr, nullptr, nullptr};
+  // Optional (current scaling with device_amax): receives a copy of *scale.device_amax, for
+  // the other direction's amax buffer.
+  float* amax_mirror = nullptr;
   ScaleSource scale;
   int device_index = 0;
   void* stream = nullptr;
@@ -66,9 +72,11 @@ void dequantize(const std::uint8_t* data, qr_dtype data_dtype, bool transposed,
                 std::int64_t rows, std::int64_t cols, const float* scale_inv, void* dst,
                 qr_dtype dst_dtype, int device_index, void* stream);
 
-// Small scalar helpers on device floats (stream-ordered).
-void fill_scalar(float* dst, float value, int device_index, void* stream);
-void copy_scalar(float* dst, const float* src, int device_index, void* stream);
+// Small scalar writes in one stream-ordered launch: each non-null dst[i] = value; then, when
+// max_into is non-null and max_value > 0 (false for NaN), *max_into = max(*max_into,
+// max_value) atomically (*max_into must be non-negative and not NaN, like a history row 0).
+void write_scalars(float* dst0, float* dst1, float value, float* max_into, float max_value,
+                   int device_index, void* stream);
 // Copies one device float to the host and synchronizes `stream`.
 float read_scalar(const float* src, int device_index, void* stream);
 

@@ -19,10 +19,11 @@
 // mxfp8 has no tensor-level scale, so a caller-reduced amax (qr_quantize_args::amax) has
 // nothing to feed and is ignored; compute_amax still reports max |x| for callers that log it.
 //
-// CUDA tensors are an UNSUPPORTED error ("mxfp8 CUDA kernels are not built yet"): the kernels
-// come later, and a device tensor never falls back to the CPU reference. The descriptor
-// declares the CPU only, so the engine normally refuses a device tensor before this plugin
-// runs; the checks here guard callers that reach the C table directly.
+// CUDA tensors run the kernels of mxfp8_kernels.cu (both directions in one pass over the
+// source) when the plugin is built with CUDA; the descriptor then declares cpu|cuda. Without
+// CUDA they are an UNSUPPORTED error and the descriptor declares the CPU only. A device tensor
+// never falls back to the CPU reference. The kernels need contiguous sources (strided CUDA
+// views are UNSUPPORTED); the reference reads any strided host view.
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -32,6 +33,9 @@
 #include "qrecipe/plugin_abi.h"
 #include "qrecipe/plugin_sdk.hpp"
 #include "qrecipe/tensor.hpp"
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+#include "mxfp8_kernels.hpp"
+#endif
 
 namespace qrecipe::mxfp8 {
 namespace {
@@ -78,15 +82,48 @@ std::int64_t view_rows(const qr_tensor_view& v) {
 }
 std::int64_t view_cols(const qr_tensor_view& v) { return v.ndim == 0 ? 1 : v.shape[v.ndim - 1]; }
 
-// Every entry point calls this for each tensor it touches: no silent CPU fallback.
-void require_cpu(const qr_device& device, const char* op, const char* what) {
-  QR_CHECK_CODE(device.type != QR_DEVICE_CUDA, QR_STATUS_UNSUPPORTED,
-                "mxfp8 CUDA kernels are not built yet: mxfp8 ", op, " got ", what,
-                " on cuda:", device.index, ". Quantize on the CPU (the reference path) or use "
-                "a format with CUDA kernels (float8) for device tensors");
-  QR_CHECK_CODE(device.type == QR_DEVICE_CPU, QR_STATUS_UNSUPPORTED, "mxfp8 ", op, ": ", what,
-                " is on unknown device type ", device.type);
+std::string device_str(const qr_device& d) {
+  return d.type == QR_DEVICE_CPU ? "cpu" : "cuda:" + std::to_string(d.index);
 }
+
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+constexpr bool kHasCuda = true;
+#else
+constexpr bool kHasCuda = false;
+#endif
+
+// Every entry point calls this for the tensor that decides where it runs: CPU tensors go to
+// the reference, CUDA tensors to the kernels (or an UNSUPPORTED error in a build without
+// them). No silent CPU fallback.
+void require_supported_device(const qr_device& device, const char* op, const char* what) {
+  QR_CHECK_CODE(device.type != QR_DEVICE_CUDA || kHasCuda, QR_STATUS_UNSUPPORTED, "mxfp8 ", op,
+                ": ", what, " is on cuda:", device.index,
+                " but this mxfp8 plugin was built without CUDA kernels; rebuild with "
+                "-DQRECIPE_CUDA=ON, or quantize on the CPU (there is no silent CPU fallback)");
+  QR_CHECK_CODE(device.type == QR_DEVICE_CPU || device.type == QR_DEVICE_CUDA,
+                QR_STATUS_UNSUPPORTED, "mxfp8 ", op, ": ", what, " is on unknown device type ",
+                device.type);
+}
+
+// Every buffer of one call lives where the tensor that decides the device lives.
+void require_same_device(const qr_device& device, const qr_device& expected, const char* op,
+                         const char* what) {
+  QR_CHECK(device.type == expected.type &&
+               (device.type == QR_DEVICE_CPU || device.index == expected.index),
+           "mxfp8 ", op, ": ", what, " is on ", device_str(device), " but the ",
+           (std::string(op) == "quantize" ? "source" : "destination"), " is on ",
+           device_str(expected), "; allocate it on the same device");
+}
+
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+// The CUDA kernels read the source as contiguous row-major [rows, cols].
+void require_contiguous_cuda_source(const qr_tensor_view& src, const char* op) {
+  QR_CHECK_CODE(TensorView(src).is_contiguous(), QR_STATUS_UNSUPPORTED, "mxfp8 ", op,
+                ": the CUDA kernels need a contiguous source, got shape ",
+                TensorView(src).shape_str(), " with non-default strides; make it contiguous "
+                "first (tensor.contiguous())");
+}
+#endif
 
 class Mxfp8Quantizer final : public sdk::QuantizerBase {
  public:
@@ -117,9 +154,19 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
     return l;
   }
 
-  void compute_amax(const qr_tensor_view& src, void*, float amax_out[2]) override {
-    require_cpu(src.device, "compute_amax", "the source");
-    const float a = ref::amax(src);
+  void compute_amax(const qr_tensor_view& src, void* stream, float amax_out[2]) override {
+    require_supported_device(src.device, "compute_amax", "the source");
+    float a = 0.0f;
+    if (src.device.type == QR_DEVICE_CUDA) {
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+      require_contiguous_cuda_source(src, "compute_amax");
+      a = cuda::compute_amax_to_host(src.data, static_cast<qr_dtype>(src.dtype),
+                                     TensorView(src).numel(), src.device.index, stream);
+#endif
+    } else {
+      (void)stream;
+      a = ref::amax(src);
+    }
     amax_out[0] = a;  // both directions see the same elements
     amax_out[1] = a;
   }
@@ -134,21 +181,28 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
     QR_CHECK((dst.usage & usage) == usage, "mxfp8 quantize: ", usage_name(usage),
              " requested but the destination holds ", usage_name(dst.usage),
              "; allocate the destination with the requested usage");
-    require_cpu(src.device, "quantize", "the source");
+    require_supported_device(src.device, "quantize", "the source");
     const std::int64_t rows = view_rows(src), cols = view_cols(src);
     QR_CHECK(dst.rows == rows && dst.cols == cols, "mxfp8 quantize: the source is ", rows, " x ",
              cols, " (as 2-D) but the destination is ", dst.rows, " x ", dst.cols);
+    for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
+      if (usage & usage_bit(d))
+        check_buffers(direction_data(dst, d), d, rows, cols, data_dtype_, "quantize",
+                      src.device);
+    if (src.device.type == QR_DEVICE_CUDA) {
+      quantize_cuda(src, usage, dst, args.stream);
+      return;
+    }
     for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
       if (!(usage & usage_bit(d))) continue;
       qr_direction_data& dd = direction_data(dst, d);
-      check_buffers(dd, d, rows, cols, data_dtype_, "quantize");
       ref::quantize(src, d, data_dtype_, static_cast<std::uint8_t*>(dd.data.data),
                     static_cast<std::uint8_t*>(dd.scale_inv.data), dd.scale_inv.shape[1]);
     }
   }
 
   void dequantize(const qr_quantized_tensor& src, qr_direction direction,
-                  const qr_tensor_view& dst, void*) override {
+                  const qr_tensor_view& dst, void* stream) override {
     const char* dir = direction_str(direction);
     QR_CHECK(src.usage & usage_bit(direction), "mxfp8 dequantize: the tensor holds ",
              usage_name(src.usage), " data, not ", dir);
@@ -163,8 +217,8 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
              "mxfp8 dequantize: ", dir, " data is not in the mxfp8 layout (transposed ",
              dd.layout.data_transposed, ", scale mode ", dd.layout.scale_mode, ", scale dtype ",
              ref::dtype_str(dd.scale_inv.dtype), "); was it made by another format?");
-    check_buffers(dd, direction, src.rows, src.cols, data_dtype, "dequantize");
-    require_cpu(dst.device, "dequantize", "the destination");
+    require_supported_device(dst.device, "dequantize", "the destination");
+    check_buffers(dd, direction, src.rows, src.cols, data_dtype, "dequantize", dst.device);
     const auto dst_dtype = static_cast<qr_dtype>(dst.dtype);
     QR_CHECK_CODE(dst_dtype == QR_DTYPE_F32 || dst_dtype == QR_DTYPE_BF16, QR_STATUS_UNSUPPORTED,
                   "mxfp8 dequantize: the destination must be f32 or bf16; got ",
@@ -176,6 +230,16 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
              "mxfp8 dequantize: the destination must be contiguous");
     QR_CHECK(dst.data != nullptr || src.rows * src.cols == 0,
              "mxfp8 dequantize: the destination has no data pointer");
+    if (dst.device.type == QR_DEVICE_CUDA) {
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+      cuda::dequantize(static_cast<const std::uint8_t*>(dd.data.data),
+                       static_cast<const std::uint8_t*>(dd.scale_inv.data), dd.scale_inv.shape[1],
+                       data_dtype, direction, src.rows, src.cols, dst.data, dst_dtype,
+                       dst.device.index, stream);
+#endif
+      return;
+    }
+    (void)stream;
     ref::dequantize(static_cast<const std::uint8_t*>(dd.data.data),
                     static_cast<const std::uint8_t*>(dd.scale_inv.data), dd.scale_inv.shape[1],
                     data_dtype, direction, src.rows, src.cols, dst.data, dst_dtype);
@@ -197,16 +261,17 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
   }
 
   // The buffers of one direction must be exactly what `layout` describes (dtype, shapes,
-  // contiguous, host memory): the reference indexes them with those shapes.
+  // contiguous, on `device`): the reference and the kernels index them with those shapes.
   void check_buffers(const qr_direction_data& dd, qr_direction d, std::int64_t rows,
-                     std::int64_t cols, qr_dtype data_dtype, const char* op) const {
+                     std::int64_t cols, qr_dtype data_dtype, const char* op,
+                     const qr_device& device) const {
     const char* dir = direction_str(d);
     const qr_direction_layout want = layout(rows, cols, d);
     QR_CHECK(dd.struct_size >= sizeof(qr_direction_data), "mxfp8 ", op, ": ", dir,
              " qr_direction_data struct_size ", dd.struct_size, " is smaller than this build's ",
              sizeof(qr_direction_data));
-    require_cpu(dd.data.device, op, "the data buffer");
-    require_cpu(dd.scale_inv.device, op, "the scale buffer");
+    require_same_device(dd.data.device, device, op, "the data buffer");
+    require_same_device(dd.scale_inv.device, device, op, "the scale buffer");
     QR_CHECK(dd.data.dtype == data_dtype, "mxfp8 ", op, ": ", dir, " data has dtype ",
              ref::dtype_str(dd.data.dtype), "; expected ", ref::dtype_str(data_dtype),
              ". Allocate it from this quantizer's layout");
@@ -226,10 +291,46 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
              "mxfp8 ", op, ": ", dir, " data or scale_inv pointer is null");
   }
 
+  // Both requested directions in one kernel pass; buffers were checked by the caller.
+  void quantize_cuda(const qr_tensor_view& src, std::uint32_t usage, qr_quantized_tensor& dst,
+                     void* stream) const {
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    require_contiguous_cuda_source(src, "quantize");
+    cuda::QuantizeArgs a;
+    a.src = src.data;
+    a.src_dtype = static_cast<qr_dtype>(src.dtype);
+    a.rows = dst.rows;
+    a.cols = dst.cols;
+    a.data_dtype = data_dtype_;
+    if (usage & QR_USAGE_ROWWISE) {
+      a.rowwise_data = static_cast<std::uint8_t*>(dst.rowwise.data.data);
+      a.rowwise_scale = static_cast<std::uint8_t*>(dst.rowwise.scale_inv.data);
+      a.rowwise_scale_ld = dst.rowwise.scale_inv.shape[1];
+    }
+    if (usage & QR_USAGE_COLUMNWISE) {
+      a.columnwise_data = static_cast<std::uint8_t*>(dst.columnwise.data.data);
+      a.columnwise_scale = static_cast<std::uint8_t*>(dst.columnwise.scale_inv.data);
+      a.columnwise_scale_ld = dst.columnwise.scale_inv.shape[1];
+    }
+    a.device_index = src.device.index;
+    a.stream = stream;
+    cuda::quantize(a);
+#else
+    (void)src;
+    (void)usage;
+    (void)dst;
+    (void)stream;
+#endif
+  }
+
   qr_dtype data_dtype_;
 };
 
-constexpr std::uint32_t kDevices = 1u << QR_DEVICE_CPU;  // CUDA kernels: a later issue
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+constexpr std::uint32_t kDevices = (1u << QR_DEVICE_CPU) | (1u << QR_DEVICE_CUDA);
+#else
+constexpr std::uint32_t kDevices = 1u << QR_DEVICE_CPU;
+#endif
 
 }  // namespace
 }  // namespace qrecipe::mxfp8

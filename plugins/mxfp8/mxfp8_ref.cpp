@@ -1,11 +1,13 @@
 // CPU reference of the mxfp8 format (see mxfp8_ref.hpp for the rules). Every FP8 and E8M0
-// rounding goes through qrecipe::num (conversions.hpp), the code the CUDA kernels will run.
+// rounding goes through qrecipe::num (conversions.hpp) and the per-block arithmetic through
+// mxfp8_numerics.hpp: the code the CUDA kernels (mxfp8_kernels.cu) run.
 #include "mxfp8_ref.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "mxfp8_numerics.hpp"
 #include "qrecipe/conversions.hpp"
 #include "qrecipe/dtype.hpp"
 #include "qrecipe/error.hpp"
@@ -103,23 +105,20 @@ float reciprocal_max(qr_dtype data_dtype) {
   check_data_dtype(data_dtype);
   // Rounded to FP32 on purpose: TransformerEngine multiplies by this float constant, and the
   // exponent of a block whose amax sits just above 448 * 2^k can depend on that rounding.
-  return data_dtype == QR_DTYPE_E4M3 ? 1.0f / num::E4M3Traits::kMax
-                                     : 1.0f / num::E5M2Traits::kMax;
+  return data_dtype == QR_DTYPE_E4M3 ? num_mx::kRcpE4M3 : num_mx::kRcpE5M2;
 }
 
+// The arithmetic itself lives in mxfp8_numerics.hpp, shared with the CUDA kernels.
 std::uint8_t block_exponent(float amax, qr_dtype data_dtype) {
-  const float ratio = amax * reciprocal_max(data_dtype);  // one FP32 multiply, no FMA
-  return num::e8m0_from_f32_round_up(ratio);
+  return num_mx::block_exponent(amax, reciprocal_max(data_dtype));
 }
 
 std::uint8_t encode(float x, std::uint8_t e, qr_dtype data_dtype) {
-  const float scaled = x * num::e8m0_encode_factor(e);
-  return data_dtype == QR_DTYPE_E4M3 ? num::f32_to_e4m3(scaled) : num::f32_to_e5m2(scaled);
+  return num_mx::encode(x, e, data_dtype == QR_DTYPE_E4M3);
 }
 
 float decode(std::uint8_t q, std::uint8_t e, qr_dtype data_dtype) {
-  const float element = data_dtype == QR_DTYPE_E4M3 ? num::e4m3_to_f32(q) : num::e5m2_to_f32(q);
-  return element * num::e8m0_to_f32(e);
+  return num_mx::decode(q, e, data_dtype == QR_DTYPE_E4M3);
 }
 
 float amax(const qr_tensor_view& src) {

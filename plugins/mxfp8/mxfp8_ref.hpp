@@ -1,5 +1,5 @@
 // CPU reference of the mxfp8 format: the executable specification (DESIGN.md section 7,
-// "mxfp8"; TransformerEngine's MXFP8 "RCEIL" rule). Future CUDA kernels must produce the same
+// "mxfp8"; TransformerEngine's MXFP8 "RCEIL" rule). The CUDA kernels must produce the same
 // data and scale bytes bit for bit; test_mxfp8.cpp and the conformance suite hold both to it.
 //
 // Pure functions on host memory; nothing here allocates or keeps state.

@@ -5,7 +5,8 @@
 //
 // Map of this file
 //   1. the option schema and how options resolve
-//   2. Nvfp4Quantizer: layout, compute_amax, quantize (CPU reference), dequantize, describe
+//   2. Nvfp4Quantizer: layout, compute_amax, quantize (CPU reference / CUDA kernels),
+//      dequantize, describe
 //   3. QR_DEFINE_PLUGIN: the two exported symbols
 //
 // Layout, for a logical [M, K] tensor (rows = M = prod(leading dims), cols = K):
@@ -22,8 +23,11 @@
 // qr_quantize_args::has_rng_offset uses rng_offset and leaves the counter alone, so a
 // recomputed forward can reuse the offset of the original without disturbing later calls.
 //
-// CUDA tensors are an UNSUPPORTED error ("nvfp4 CUDA kernels are not built yet"); they never
-// fall back to the CPU reference. The descriptor therefore lists the CPU only.
+// CUDA tensors run the kernels of nvfp4_kernels.cu when the plugin is built with CUDA (the
+// descriptor then lists cpu and cuda) and are an UNSUPPORTED error otherwise; they never fall
+// back to the CPU reference. Both paths run the same checks (ref::check_amax_call,
+// ref::check_quantize_call) and take the call offset from the same counter. The kernels need
+// contiguous sources; the CPU reference reads any strided view.
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -35,6 +39,9 @@
 #include "qrecipe/plugin_abi.h"
 #include "qrecipe/plugin_sdk.hpp"
 #include "qrecipe/tensor.hpp"
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+#include "nvfp4_kernels.hpp"
+#endif
 
 namespace qrecipe::nvfp4 {
 namespace {
@@ -86,12 +93,39 @@ std::int64_t view_rows(const qr_tensor_view& v) {
 }
 std::int64_t view_cols(const qr_tensor_view& v) { return v.ndim == 0 ? 1 : v.shape[v.ndim - 1]; }
 
-// No kernels yet (a later issue): refuse device tensors instead of reading them on the host.
-void require_cpu(const qr_device& device, const char* op) {
-  QR_CHECK_CODE(device.type == QR_DEVICE_CPU, QR_STATUS_UNSUPPORTED, "nvfp4 ", op,
-                ": the tensor is on ", device_str(device),
-                " but nvfp4 CUDA kernels are not built yet; move the tensor to the CPU or use "
-                "another format for device tensors (there is no silent CPU fallback)");
+bool same_device(const qr_device& a, const qr_device& b) {
+  return a.type == b.type && (a.type == QR_DEVICE_CPU || a.index == b.index);
+}
+
+// A device this build cannot run: CUDA without kernels, or an unknown device type.
+[[noreturn]] void throw_unsupported_device(const qr_device& device, const char* op) {
+  if (device.type == QR_DEVICE_CUDA)
+    QR_THROW_CODE(QR_STATUS_UNSUPPORTED, "nvfp4 ", op, ": the tensor is on ",
+                  device_str(device),
+                  " but this nvfp4 plugin was built without CUDA kernels; rebuild with "
+                  "-DQRECIPE_CUDA=ON, or move the tensor to the CPU (there is no silent CPU "
+                  "fallback)");
+  QR_THROW_CODE(QR_STATUS_UNSUPPORTED, "nvfp4 ", op, ": unknown device type ", device.type);
+}
+
+constexpr bool kHasCuda =
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    true;
+#else
+    false;
+#endif
+
+// The devices whose tensors this build quantizes: the CPU, and CUDA when built with kernels.
+void require_supported(const qr_device& device, const char* op) {
+  if (device.type == QR_DEVICE_CPU || (kHasCuda && device.type == QR_DEVICE_CUDA)) return;
+  throw_unsupported_device(device, op);
+}
+
+void require_contiguous(const qr_tensor_view& src, const char* op) {
+  QR_CHECK_CODE(TensorView(src).is_contiguous(), QR_STATUS_UNSUPPORTED, "nvfp4 ", op,
+                ": the CUDA kernels need a contiguous source, got shape ",
+                TensorView(src).shape_str(), " with non-default strides; make it contiguous "
+                "first (tensor.contiguous())");
 }
 
 class Nvfp4Quantizer final : public sdk::QuantizerBase {
@@ -130,8 +164,19 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
     return l;
   }
 
-  void compute_amax(const qr_tensor_view& src, void*, float amax_out[2]) override {
-    require_cpu(src.device, "compute_amax");
+  void compute_amax(const qr_tensor_view& src, void* stream, float amax_out[2]) override {
+    require_supported(src.device, "compute_amax");
+    if (src.device.type == QR_DEVICE_CUDA) {
+      ref::check_amax_call(src, config_);
+      require_contiguous(src, "compute_amax");
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+      cuda::compute_amax_to_host(src.data, static_cast<qr_dtype>(src.dtype), view_rows(src),
+                                 view_cols(src), config_.hadamard, amax_out, src.device.index,
+                                 stream);
+#endif
+      return;
+    }
+    (void)stream;
     const auto a = ref::compute_amax(src, config_);
     amax_out[0] = a[0];
     amax_out[1] = a[1];
@@ -148,7 +193,7 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
     QR_CHECK((dst.usage & usage) == usage, "nvfp4 quantize: ", usage_name(usage),
              " requested but the destination holds ", usage_name(dst.usage),
              "; allocate the destination with the requested usage");
-    require_cpu(src.device, "quantize");
+    require_supported(src.device, "quantize");
     const std::int64_t rows = view_rows(src), cols = view_cols(src);
     QR_CHECK(dst.rows == rows && dst.cols == cols, "nvfp4 quantize: the source is ", rows,
              " x ", cols, " (as 2-D) but the destination is ", dst.rows, " x ", dst.cols);
@@ -157,7 +202,7 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
     for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
       if (!(usage & usage_of(d))) continue;
       qr_direction_data& dd = d == QR_DIRECTION_ROWWISE ? dst.rowwise : dst.columnwise;
-      check_destination(dd, d, rows, cols);
+      check_destination(dd, d, rows, cols, src.device);
       out[d].data = static_cast<std::uint8_t*>(dd.data.data);
       out[d].scales = static_cast<std::uint8_t*>(dd.scale_inv.data);
       out[d].amax = static_cast<float*>(dd.amax.data);
@@ -168,11 +213,15 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
     request.call_offset = args.has_rng_offset ? args.rng_offset : next_offset_.fetch_add(1);
     request.rowwise = (usage & QR_USAGE_ROWWISE) ? &out[QR_DIRECTION_ROWWISE] : nullptr;
     request.columnwise = (usage & QR_USAGE_COLUMNWISE) ? &out[QR_DIRECTION_COLUMNWISE] : nullptr;
+    if (src.device.type == QR_DEVICE_CUDA) {
+      quantize_cuda(src, request, args.stream);
+      return;
+    }
     ref::quantize(src, config_, request);
   }
 
   void dequantize(const qr_quantized_tensor& src, qr_direction direction,
-                  const qr_tensor_view& dst, void*) override {
+                  const qr_tensor_view& dst, void* stream) override {
     const char* dir = direction_str(direction);
     QR_CHECK(src.usage & usage_of(direction), "nvfp4 dequantize: the tensor holds ",
              usage_name(src.usage), " data, not ", dir);
@@ -191,8 +240,22 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
              " (as 2-D) but the tensor is ", src.rows, " x ", src.cols);
     QR_CHECK(TensorView(dst).is_contiguous(), "nvfp4 dequantize: the destination must be "
              "contiguous");
-    require_cpu(dd.data.device, "dequantize");
-    require_cpu(dst.device, "dequantize");
+    require_supported(dst.device, "dequantize");
+    for (const qr_tensor_view* v : {&dd.data, &dd.scale_inv, &dd.amax})
+      QR_CHECK(same_device(v->device, dst.device), "nvfp4 dequantize: the ", dir,
+               " buffers are on ", device_str(v->device), " but the destination is on ",
+               device_str(dst.device), "; dequantize into a tensor on the data's device");
+    if (dst.device.type == QR_DEVICE_CUDA) {
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+      cuda::dequantize(static_cast<const std::uint8_t*>(dd.data.data),
+                       static_cast<const std::uint8_t*>(dd.scale_inv.data),
+                       static_cast<const float*>(dd.amax.data), src.rows, src.cols,
+                       dd.layout.data_transposed != 0, dst.data,
+                       static_cast<qr_dtype>(dst.dtype), dst.device.index, stream);
+#endif
+      return;
+    }
+    (void)stream;
     ref::dequantize(static_cast<const std::uint8_t*>(dd.data.data),
                     static_cast<const std::uint8_t*>(dd.scale_inv.data),
                     *static_cast<const float*>(dd.amax.data), src.rows, src.cols,
@@ -212,7 +275,7 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
 
  private:
   void check_destination(const qr_direction_data& dd, qr_direction d, std::int64_t rows,
-                         std::int64_t cols) const {
+                         std::int64_t cols, const qr_device& src_device) const {
     const char* dir = direction_str(d);
     const qr_direction_layout want = layout(rows, cols, d);
     QR_CHECK(dd.data.dtype == QR_DTYPE_E2M1 && dd.data.ndim == 2 &&
@@ -231,9 +294,48 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
                  (dd.scale_inv.data != nullptr || want.scale_shape[0] * want.scale_shape[1] == 0) &&
                  dd.amax.data != nullptr,
              "nvfp4 quantize: the ", dir, " direction lacks its data, scale or amax buffer");
-    require_cpu(dd.data.device, "quantize");
-    require_cpu(dd.scale_inv.device, "quantize");
-    require_cpu(dd.amax.device, "quantize");
+    QR_CHECK(same_device(dd.data.device, src_device) &&
+                 same_device(dd.scale_inv.device, src_device) &&
+                 same_device(dd.amax.device, src_device),
+             "nvfp4 quantize: the source is on ", device_str(src_device), " but the ", dir,
+             " buffers are on ", device_str(dd.data.device), "; allocate them on the source's "
+             "device");
+  }
+
+  // The CUDA path of quantize: the reference's checks (nothing is written when they throw),
+  // then the kernels. request.amax is a host pointer; the kernels take its values.
+  void quantize_cuda(const qr_tensor_view& src, const ref::Request& request, void* stream) {
+    ref::check_quantize_call(src, config_, request);
+    require_contiguous(src, "quantize");
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    cuda::DirectionBuffers buffers[2];
+    const ref::DirectionOut* outs[2] = {request.rowwise, request.columnwise};
+    for (int d = 0; d < 2; ++d) {
+      if (!outs[d]) continue;
+      buffers[d].data = outs[d]->data;
+      buffers[d].scales = outs[d]->scales;
+      buffers[d].amax = outs[d]->amax;
+    }
+    cuda::QuantizeArgs a;
+    a.src = src.data;
+    a.src_dtype = static_cast<qr_dtype>(src.dtype);
+    a.rows = view_rows(src);
+    a.cols = view_cols(src);
+    a.two_d = config_.two_d;
+    a.hadamard = config_.hadamard;
+    a.stochastic_rounding = config_.stochastic_rounding;
+    a.seed = config_.seed;
+    a.call_offset = request.call_offset;
+    a.given_amax = request.amax;
+    a.rowwise = request.rowwise ? &buffers[0] : nullptr;
+    a.columnwise = request.columnwise ? &buffers[1] : nullptr;
+    a.device_index = src.device.index;
+    a.stream = stream;
+    cuda::quantize(a);
+#else
+    (void)stream;
+    throw_unsupported_device(src.device, "quantize");
+#endif
   }
 
   ref::Config config_;
@@ -256,7 +358,8 @@ constexpr qr_option_schema kSchema[] = {
                     "stochastic rounding: the Philox key"),
 };
 
-constexpr std::uint32_t kDevices = 1u << QR_DEVICE_CPU;
+constexpr std::uint32_t kDevices =
+    (1u << QR_DEVICE_CPU) | (kHasCuda ? (1u << QR_DEVICE_CUDA) : 0u);
 
 }  // namespace
 }  // namespace qrecipe::nvfp4

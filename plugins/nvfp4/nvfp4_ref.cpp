@@ -1,9 +1,8 @@
-// CPU reference of the nvfp4 format (see nvfp4_ref.hpp for the rules and layouts). Every
-// FP4/FP8/BF16 rounding goes through qrecipe::num (conversions.hpp), the Hadamard transform
-// and the Philox generator are the __host__ __device__ code the CUDA kernels will share.
+// CPU reference of the nvfp4 format (see nvfp4_ref.hpp for the rules and layouts). The scalar
+// rules (nvfp4_rules.hpp), the Hadamard transform (hadamard.hpp) and the Philox generator
+// (philox.hpp) are __host__ __device__ code that the CUDA kernels (nvfp4_kernels.cu) share.
 #include "nvfp4_ref.hpp"
 
-#include <cfloat>
 #include <cmath>
 #include <cstring>
 
@@ -29,20 +28,18 @@ float load_f32(const void* base, std::int32_t dtype, std::int64_t offset) {
   }
 }
 
-void check_source(const qr_tensor_view& src) {
-  QR_CHECK(src.struct_size >= sizeof(qr_tensor_view), "source view struct_size ",
-           src.struct_size, " is smaller than this build's ", sizeof(qr_tensor_view));
-  QR_CHECK(src.ndim >= 0 && src.ndim <= QR_MAX_DIMS, "source view has ndim ", src.ndim,
-           "; expected 0..", QR_MAX_DIMS);
-  QR_CHECK_CODE(src.dtype == QR_DTYPE_F32 || src.dtype == QR_DTYPE_BF16 ||
-                    src.dtype == QR_DTYPE_F16,
-                QR_STATUS_UNSUPPORTED, "nvfp4 quantizes f32, bf16 or f16 sources; got ",
-                dtype_str(src.dtype), ". Convert the tensor to one of those first");
+// What the reference itself needs beyond check_source_view: host memory.
+void check_host_source(const qr_tensor_view& src) {
   QR_CHECK_CODE(src.device.type == QR_DEVICE_CPU, QR_STATUS_UNSUPPORTED,
                 "the nvfp4 CPU reference reads host memory; the source is on cuda:",
                 src.device.index);
-  for (int d = 0; d < src.ndim; ++d)
-    QR_CHECK(src.shape[d] >= 0, "source dimension ", d, " is negative (", src.shape[d], ")");
+}
+
+// The 2-D [rows, cols] of a view: [prod(leading dims), last dim].
+void matrix_shape(const qr_tensor_view& src, std::int64_t& rows, std::int64_t& cols) {
+  cols = src.ndim == 0 ? 1 : src.shape[src.ndim - 1];
+  rows = 1;
+  for (int d = 0; d + 1 < src.ndim; ++d) rows *= src.shape[d];
 }
 
 // max |x| and whether a NaN was seen, over x[begin..end) with stride `step`.
@@ -93,49 +90,26 @@ void clear_direction(const DirectionOut& out, std::int64_t data_rows, std::int64
 }  // namespace
 
 // ---------------------------------------------------------------- 1. scalar rules
+// The rules themselves are nvfp4_rules.hpp (shared with the CUDA kernels).
 
-float encode_scale(float tensor_amax) {
-  // Same rule as float8 current scaling with fmax = 448 * 6: amax 0 / inf / NaN -> 1.0,
-  // 2688 / amax (IEEE division), an infinite quotient (tiny amax) -> FLT_MAX.
-  return scale_from_amax(tensor_amax, kTensorScaleNumerator, /*pow2=*/false, /*eps=*/0.0f);
-}
+float encode_scale(float tensor_amax) { return rules::encode_scale(tensor_amax); }
 
-float decode_scale(float tensor_amax) { return 1.0f / encode_scale(tensor_amax); }
+float decode_scale(float tensor_amax) { return rules::decode_scale(tensor_amax); }
 
 std::uint8_t block_scale_code(float block_amax, float s_enc) {
-  constexpr float kOneSixth = 1.0f / 6.0f;  // fl32(1/6) = 0x3E2AAAAB
-  const float scale_times_sixth = s_enc * kOneSixth;  // first: S_enc * fl32(1/6)
-  return num::f32_to_e4m3(block_amax * scale_times_sixth);
+  return rules::block_scale_code(block_amax, s_enc);
 }
 
 float element_encode_factor(std::uint8_t scale_code, float s_dec) {
-  const float block_decode = num::e4m3_to_f32(scale_code) * s_dec;
-  const float enc = 1.0f / block_decode;  // s = 0 gives inf, capped below
-  return enc > FLT_MAX ? FLT_MAX : enc;   // min(., FLT_MAX); NaN only for a NaN scale
+  return rules::element_encode_factor(scale_code, s_dec);
 }
 
-std::uint8_t round_nearest(float v) { return num::f32_to_e2m1(v); }
+std::uint8_t round_nearest(float v) { return rules::round_nearest(v); }
 
-std::uint8_t round_stochastic(float v, std::uint32_t r) {
-  if (num::is_nan(v)) return num::f32_to_e2m1(v);  // E2M1 has no NaN: 0x7, like RNE
-  const std::uint8_t sign = static_cast<std::uint8_t>((num::float_bits(v) >> 31) << 3);
-  const float a = num::abs_f(v);
-  // The non-negative E2M1 values; code = index.
-  constexpr float kGrid[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  if (a >= kGrid[7]) return static_cast<std::uint8_t>(sign | num::f32_to_e2m1(kGrid[7]));
-  int i = 0;
-  while (kGrid[i + 1] <= a) ++i;  // kGrid[i] <= a < kGrid[i + 1]
-  const float lo = kGrid[i];
-  if (a == lo) return static_cast<std::uint8_t>(sign | num::f32_to_e2m1(lo));
-  const float hi = kGrid[i + 1];
-  const float u = static_cast<float>(r >> 8) * num::exp2i(-24);  // 24 random bits in [0, 1)
-  const float p = (a - lo) / (hi - lo);  // probability of rounding away from zero
-  return static_cast<std::uint8_t>(sign | num::f32_to_e2m1(u < p ? hi : lo));
-}
+std::uint8_t round_stochastic(float v, std::uint32_t r) { return rules::round_stochastic(v, r); }
 
 float decode_element(std::uint8_t q, std::uint8_t scale_code, float s_dec) {
-  const float qs = num::e2m1_to_f32(q) * num::e4m3_to_f32(scale_code);  // exact product
-  return qs * s_dec;
+  return rules::decode_element(q, scale_code, s_dec);
 }
 
 // ---------------------------------------------------------------- 2. layouts
@@ -159,12 +133,24 @@ std::string shape_str(const qr_tensor_view& v) {
   return s + "]";
 }
 
+void check_source_view(const qr_tensor_view& src) {
+  QR_CHECK(src.struct_size >= sizeof(qr_tensor_view), "source view struct_size ",
+           src.struct_size, " is smaller than this build's ", sizeof(qr_tensor_view));
+  QR_CHECK(src.ndim >= 0 && src.ndim <= QR_MAX_DIMS, "source view has ndim ", src.ndim,
+           "; expected 0..", QR_MAX_DIMS);
+  QR_CHECK_CODE(src.dtype == QR_DTYPE_F32 || src.dtype == QR_DTYPE_BF16 ||
+                    src.dtype == QR_DTYPE_F16,
+                QR_STATUS_UNSUPPORTED, "nvfp4 quantizes f32, bf16 or f16 sources; got ",
+                dtype_str(src.dtype), ". Convert the tensor to one of those first");
+  for (int d = 0; d < src.ndim; ++d)
+    QR_CHECK(src.shape[d] >= 0, "source dimension ", d, " is negative (", src.shape[d], ")");
+}
+
 std::vector<float> load_matrix(const qr_tensor_view& src, std::int64_t& rows,
                                std::int64_t& cols) {
-  check_source(src);
-  cols = src.ndim == 0 ? 1 : src.shape[src.ndim - 1];
-  rows = 1;
-  for (int d = 0; d + 1 < src.ndim; ++d) rows *= src.shape[d];
+  check_source_view(src);
+  check_host_source(src);
+  matrix_shape(src, rows, cols);
   const std::int64_t n = rows * cols;
   std::vector<float> out(static_cast<std::size_t>(n));
   if (n == 0) return out;
@@ -336,38 +322,52 @@ void check_hadamard_source(const qr_tensor_view& src, std::int64_t rows, std::in
            "). Pad M to a multiple of ", kBlockSize, " or set hadamard: false");
 }
 
-std::array<float, 2> compute_amax(const qr_tensor_view& src, const Config& config) {
+void check_amax_call(const qr_tensor_view& src, const Config& config) {
   check_config(config);
+  check_source_view(src);
+  if (!config.hadamard) return;
+  std::int64_t rows = 0, cols = 0;
+  matrix_shape(src, rows, cols);
+  check_hadamard_source(src, rows, cols);
+}
+
+void check_quantize_call(const qr_tensor_view& src, const Config& config,
+                         const Request& request) {
+  check_config(config);
+  check_source_view(src);
+  std::int64_t rows = 0, cols = 0;
+  matrix_shape(src, rows, cols);
+  if (config.hadamard && request.columnwise) check_hadamard_source(src, rows, cols);
+  if (!request.amax) return;
+  for (int d = 0; d < 2; ++d)
+    QR_CHECK(!(request.amax[d] < 0.0f) && !num::is_nan(request.amax[d]),
+             "nvfp4 quantize got a caller-reduced ", d == 0 ? "rowwise" : "columnwise",
+             " amax of ", request.amax[d], "; an amax must be >= 0 (inf allowed), not NaN");
+  // 2d: one tensor amax for both directions (they are transposes of each other).
+  QR_CHECK(!config.two_d || request.amax[0] == request.amax[1],
+           "nvfp4 with 2d=true shares one tensor amax between the two directions, but the "
+           "caller passed rowwise amax ", request.amax[0], " and columnwise amax ",
+           request.amax[1], ". Pass the same reduced amax twice");
+}
+
+std::array<float, 2> compute_amax(const qr_tensor_view& src, const Config& config) {
+  check_amax_call(src, config);
   std::int64_t rows = 0, cols = 0;
   const std::vector<float> x = load_matrix(src, rows, cols);
   const float rowwise = amax(x.data(), rows * cols);
   if (!config.hadamard) return {rowwise, rowwise};
-  check_hadamard_source(src, rows, cols);
   const std::vector<float> t = hadamard_transpose(x.data(), rows, cols);
   return {rowwise, amax(t.data(), rows * cols)};
 }
 
 void quantize(const qr_tensor_view& src, const Config& config, const Request& request) {
-  check_config(config);
+  // Validate everything before the first byte is written.
+  check_quantize_call(src, config, request);
   std::int64_t rows = 0, cols = 0;
   const std::vector<float> x = load_matrix(src, rows, cols);
   const Rounding rounding{config.stochastic_rounding, config.seed, request.call_offset};
-  // Validate everything before the first byte is written.
-  if (config.hadamard && request.columnwise) check_hadamard_source(src, rows, cols);
-  if (request.amax) {
-    for (int d = 0; d < 2; ++d)
-      QR_CHECK(!(request.amax[d] < 0.0f) && !num::is_nan(request.amax[d]),
-               "nvfp4 quantize got a caller-reduced ", d == 0 ? "rowwise" : "columnwise",
-               " amax of ", request.amax[d], "; an amax must be >= 0 (inf allowed), not NaN");
-  }
 
   if (config.two_d) {
-    // One tensor amax for both directions (they are transposes of each other).
-    if (request.amax)
-      QR_CHECK(request.amax[0] == request.amax[1],
-               "nvfp4 with 2d=true shares one tensor amax between the two directions, but the "
-               "caller passed rowwise amax ", request.amax[0], " and columnwise amax ",
-               request.amax[1], ". Pass the same reduced amax twice");
     const float a = request.amax ? request.amax[0] : amax(x.data(), rows * cols);
     if (request.rowwise || request.columnwise)
       quantize_2d(x.data(), rows, cols, a, rounding, request.rowwise, request.columnwise);

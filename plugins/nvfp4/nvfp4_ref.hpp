@@ -1,6 +1,7 @@
 // CPU reference of the nvfp4 format: the executable specification (DESIGN.md section 7,
-// "nvfp4"). Future CUDA kernels must reproduce its bytes, scales and amax bit for bit;
-// test_nvfp4.cpp and the conformance suite hold the plugin to this file.
+// "nvfp4"). The CUDA kernels (nvfp4_kernels.cu) reproduce its bytes, scales and amax bit for
+// bit (test_gpu_parity holds them to it); test_nvfp4.cpp and the conformance suite hold the
+// plugin to this file.
 //
 // Map of this header
 //   1. scalar rules (tensor scale, block scale, element encode/decode, the two roundings)
@@ -9,7 +10,8 @@
 //   4. quantization of one direction's data matrix (1x16 blocks, 16x16 tiles), dequantization
 //   5. the whole quantize call (options, amax, both directions), used by nvfp4.cpp
 //
-// Rules (every FP4/FP8 rounding goes through qrecipe::num, the same code the kernels run):
+// Rules (the scalar rules live in nvfp4_rules.hpp, __host__ __device__ code that the CUDA
+// kernels run too; the functions of section 1 below forward to it):
 //   S_enc   = scale_from_amax(amax_tensor, 2688, no pow2, eps 0): 2688 / amax (IEEE), capped
 //             at FLT_MAX, 1.0 when amax is 0, inf or NaN.     S_dec = 1 / S_enc
 //   s       = e4m3(amax_block * (S_enc * fl32(1/6)))        (that multiplication order)
@@ -37,15 +39,16 @@
 #include <string>
 #include <vector>
 
+#include "nvfp4_rules.hpp"
 #include "qrecipe/plugin_abi.h"
 
 namespace qrecipe::nvfp4::ref {
 
-inline constexpr std::int64_t kBlockSize = 16;       // elements per block scale
+inline constexpr std::int64_t kBlockSize = rules::kBlockSize;  // elements per block scale
 inline constexpr std::int64_t kScaleRowAlign = 128;  // scale rows padded to the 128x4 swizzle tile
 inline constexpr std::int64_t kScaleColAlign = 4;
-inline constexpr float kTensorScaleNumerator = 2688.0f;  // E4M3 max * E2M1 max = 448 * 6
-inline constexpr std::uint8_t kNanScaleCode = 0x7F;      // E4M3 NaN: marks a block holding NaN
+inline constexpr float kTensorScaleNumerator = rules::kTensorScaleNumerator;  // 448 * 6
+inline constexpr std::uint8_t kNanScaleCode = rules::kNanScaleCode;  // marks a block holding NaN
 
 // ---------------------------------------------------------------- 1. scalar rules
 
@@ -67,7 +70,7 @@ std::uint8_t round_nearest(float v);
 // (FP32); |v| >= 6 (inf included) gives 6, grid values stay, the sign is kept; NaN gives 0x7.
 std::uint8_t round_stochastic(float v, std::uint32_t r);
 
-// (float(q) * float(scale)) * s_dec; NaN when scale_code is 0x7F.
+// (float(q) * float(scale)) * s_dec; the scale's NaN (0x7FC00000) when scale_code is 0x7F.
 float decode_element(std::uint8_t q, std::uint8_t scale_code, float s_dec);
 
 // ---------------------------------------------------------------- 2. layouts
@@ -82,6 +85,10 @@ std::int64_t scale_cols(std::int64_t data_cols);        // roundup(ceil(data_col
 const char* dtype_str(std::int32_t dtype);
 // "[2, 3, 4]"
 std::string shape_str(const qr_tensor_view& v);
+
+// Throws unless src is a well-formed view of an f32/bf16/f16 tensor (any device): what every
+// quantize and amax path checks before it looks at the data.
+void check_source_view(const qr_tensor_view& src);
 
 // The logical [rows, cols] = [prod(leading dims), last dim] of src (f32/bf16/f16, host memory,
 // any strides) as a contiguous FP32 matrix (exact widening).
@@ -149,6 +156,11 @@ void check_config(const Config& config);
 // Throws unless the Hadamard transform can run on src: BF16, M a multiple of 16.
 void check_hadamard_source(const qr_tensor_view& src, std::int64_t rows, std::int64_t cols);
 
+// The checks of compute_amax / quantize that read no tensor data (options, source view,
+// Hadamard source, caller-reduced amax): the CUDA path runs them too, so both paths refuse
+// the same calls with the same messages before any byte is written.
+void check_amax_call(const qr_tensor_view& src, const Config& config);
+
 // [rowwise amax, columnwise amax] of src: max |x|, and under hadamard the max over the
 // transformed BF16 values (NaN ignored).
 std::array<float, 2> compute_amax(const qr_tensor_view& src, const Config& config);
@@ -159,6 +171,12 @@ struct Request {
   const DirectionOut* rowwise = nullptr;     // null: not requested
   const DirectionOut* columnwise = nullptr;  // null: not requested
 };
+
+// check_amax_call's counterpart for quantize (plus the Hadamard source only when columnwise
+// data is requested, and the caller-reduced amax: >= 0, not NaN, equal in both entries
+// under 2d).
+void check_quantize_call(const qr_tensor_view& src, const Config& config,
+                         const Request& request);
 
 // Quantize src into the requested directions (DESIGN.md section 7, nvfp4).
 void quantize(const qr_tensor_view& src, const Config& config, const Request& request);

@@ -61,7 +61,14 @@ struct OptionSet {
   const char* format;
   const char* label;
   const char* spec_yaml;  // a quantizer spec, as a recipe writes it
+  // Inputs the option set accepts (its CPU reference refuses the others); null: all.
+  bool (*accepts)(std::int64_t rows, std::int64_t cols, DType src) = nullptr;
 };
+
+// nvfp4 hadamard transforms runs of 16 rows of bf16 sources.
+bool nvfp4_hadamard_input(std::int64_t rows, std::int64_t, DType src) {
+  return src == DType::bf16 && rows % 16 == 0;
+}
 
 // Option sets by format name. Delayed scaling uses a short history so that the updates run
 // between cases move the scale (the state is compared after every update).
@@ -75,16 +82,32 @@ const OptionSet kOptionSets[] = {
      "{format: float8, scaling: current, dtype: e5m2, amax_epsilon: 100}"},
     {"float8", "delayed",
      "{format: float8, scaling: delayed, dtype: e4m3, amax_history_len: 4, margin: 1}"},
+    {"mxfp8", "e4m3", "{format: mxfp8, dtype: e4m3}"},
+    {"mxfp8", "e5m2", "{format: mxfp8, dtype: e5m2}"},
+    {"blockwise", "1x128_pow2", "{format: blockwise, block: 1x128, pow2_scales: true}"},
+    {"blockwise", "1x128_no_pow2", "{format: blockwise, block: 1x128, pow2_scales: false}"},
+    {"blockwise", "128x128", "{format: blockwise, block: 128x128}"},
+    // As for float8: 100 decides the scale of normal blocks, not of outlier ones; with
+    // 128x128 and no pow2 it also covers that pair.
+    {"blockwise", "128x128_amax_epsilon",
+     "{format: blockwise, block: 128x128, pow2_scales: false, amax_epsilon: 100}"},
     {"hybrid", "float8_e4m3_rows_e5m2_cols",
      "{format: hybrid, rowwise: {format: float8, dtype: e4m3}, "
      "columnwise: {format: float8, dtype: e5m2, pow2_scales: true}}"},
+    {"nvfp4", "default", "{format: nvfp4}"},
+    {"nvfp4", "2d", "{format: nvfp4, 2d: true}"},
+    {"nvfp4", "stochastic_rounding", "{format: nvfp4, stochastic_rounding: true, seed: 1234}"},
+    {"nvfp4", "hadamard", "{format: nvfp4, hadamard: true}", nvfp4_hadamard_input},
+    {"nvfp4", "2d_stochastic_rounding",
+     "{format: nvfp4, 2d: true, stochastic_rounding: true, seed: -7}"},
 };
 
 struct Shape {
   std::int64_t rows, cols;
 };
+// {144, 99}: partial 64-row tiles with whole 16-row blocks (M % 16 == 0, for nvfp4 hadamard).
 const Shape kShapes[] = {{1, 1},     {1, 17},     {31, 33},    {128, 128},   {129, 257},
-                         {256, 1024}, {1000, 999}, {4096, 4096}, {0, 16}};
+                         {256, 1024}, {1000, 999}, {4096, 4096}, {0, 16},     {144, 99}};
 
 // Inputs: `normal` N(0,1); `outliers` N(0,1) with one element in 997 scaled by 1000;
 // `special` N(0,1) with NaN, +-0 and f32/bf16 denormals sprinkled in (amax stays finite);
@@ -424,6 +447,7 @@ bool sweep_format(const qrecipe::FormatPlugin& plugin, const Target& target, Tal
       for (const DType src_dtype : kSourceDTypes) {
         for (const Kind kind : kKinds) {
           if (!runs(shape, src_dtype, kind)) continue;
+          if (set.accepts && !set.accepts(shape.rows, shape.cols, src_dtype)) continue;
           const std::string input = std::string(qrecipe::dtype_name(src_dtype)) + " " +
                                     kind_name(kind) + " " + std::to_string(shape.rows) + "x" +
                                     std::to_string(shape.cols);
@@ -549,6 +573,41 @@ TEST_CASE("delayed-scaling state on a CUDA device: engine update == CPU update")
   CHECK(values[1][2] == 3.0f);
   CHECK(values[1][3] == 64.0f);
   CHECK(values[1][4] == 1.0f / 64.0f);
+}
+
+TEST_CASE("delayed-scaling state moved cpu -> cuda:0 -> cpu keeps its values") {
+  if (!qrecipe::cuda_available()) {
+    MESSAGE("not supported: " << qrecipe::cuda_status());
+    return;
+  }
+  // A delayed-scaling quantizer moves its state to the device of its first CUDA tensor
+  // (host scaling_state_move); the values and the state's place in the engine must survive.
+  Engine engine(Recipe::parse("version: 1\ndefaults: {format: none}\n"), registry());
+  qr_scaling_request request{};
+  request.struct_size = sizeof request;
+  request.history_len = 3;
+  request.fp8_max = 448.0f;
+  request.device = {QR_DEVICE_CPU, 0};
+  qr_scaling_state s = engine.acquire_scaling_state(request, "moving-state");
+  s.amax_history[0] = 5.0f;
+  s.amax_history[2] = 7.0f;
+  *s.scale = 64.0f;
+  *s.scale_inv = 1.0f / 64.0f;
+  const std::vector<float> before = state_values(engine)[0];
+  s = engine.move_scaling_state(s.amax_history, {QR_DEVICE_CUDA, 0});
+  REQUIRE(engine.scaling_states().size() == 1);
+  CHECK(s.device.type == QR_DEVICE_CUDA);
+  CHECK(engine.scaling_states()[0]->c.amax_history == s.amax_history);
+  CHECK(state_values(engine)[0] == before);
+  CHECK(engine.current_amaxes() == std::vector<float>{5.0f});
+  s = engine.move_scaling_state(s.amax_history, {QR_DEVICE_CPU, 0});
+  CHECK(s.device.type == QR_DEVICE_CPU);
+  CHECK(state_values(engine)[0] == before);
+  CHECK(s.amax_history[2] == 7.0f);
+  // An unknown history pointer is an error naming the fix.
+  float other = 0.0f;
+  CHECK_THROWS_WITH_AS(engine.move_scaling_state(&other, {QR_DEVICE_CUDA, 0}),
+                       doctest::Contains("no scaling state of this engine"), qrecipe::Error);
 }
 
 TEST_CASE("GPU quantize and dequantize are bit-identical to the CPU reference") {

@@ -80,6 +80,10 @@ class Engine {
 
   // Called through the host table (host_api.cpp).
   qr_scaling_state acquire_scaling_state(const qr_scaling_request& request, const std::string& owner);
+  // Moves the state whose history is `amax_history` to `device` (values kept, old buffers
+  // freed, position in scaling_states() unchanged) and returns its new pointers. Copies go
+  // through the legacy default stream, synchronized.
+  qr_scaling_state move_scaling_state(const float* amax_history, const qr_device& device);
   qr_host_context* host_context() { return reinterpret_cast<qr_host_context*>(this); }
   static Engine* from_host_context(qr_host_context* ctx) { return reinterpret_cast<Engine*>(ctx); }
 

@@ -11,9 +11,12 @@
 // decodes it) or a high-precision F32/BF16 tensor with the same meaning of direction.
 //
 // Execution: on the CPU every GEMM is the reference path (both operands decoded to FP32, FP32
-// accumulation, blocked and multi-threaded, deterministic). On CUDA, pairs the table marks native
-// go to cuBLASLt and all others are emulated (DESIGN.md section 6); the CUDA path arrives with
-// the CUDA kernels and until then a CUDA operand is a clear error, never a silent CPU fallback.
+// accumulation, blocked and multi-threaded, deterministic). On CUDA (engine/src/gemm_cuda.cpp),
+// pairs the table marks native go to cuBLASLt (loaded lazily, see engine/src/cublaslt.hpp) and
+// all others are emulated on the GPU: each operand decoded by its quantizer's CUDA dequantize
+// (to BF16 where that is exact, FP32 otherwise) and one cuBLASLt GEMM with FP32 accumulation
+// (DESIGN.md section 6). A CUDA operand never falls back to the CPU; operands and output on
+// different devices are an error.
 #pragma once
 
 #include <cstdint>
@@ -63,8 +66,13 @@ struct GemmOperand {
 struct GemmOptions {
   float alpha = 1.0f;
   bool accumulate = false;       // out = alpha*AB + out (beta = 1)
-  const float* bias = nullptr;   // [outer(B)] FP32, host memory for the CPU path
-  void* stream = nullptr;
+  // [outer(B)] FP32: host memory for the CPU path, device memory on the output's device for
+  // the CUDA path.
+  const float* bias = nullptr;
+  void* stream = nullptr;        // cudaStream_t for CUDA operands (nullptr: legacy default)
+  // Which GEMM of a linear layer this is. It decides the accumulation of a native FP8 GEMM:
+  // fast accumulation for fprop only (DESIGN.md section 6); unset means split accumulation.
+  std::optional<GemmKind> kind;
 };
 
 // Operand description used by the pairing table: what the data and scales are, not who made it.
@@ -99,9 +107,12 @@ GemmPlan plan_gemm(GemmKind kind, const OperandTraits& a, const OperandTraits& b
                    std::int64_t m, std::int64_t n, std::int64_t k);
 
 // out [outer(A), outer(B)] (F32 or BF16, contiguous) = the product above. Throws on a shape
-// mismatch (naming both operands) or a missing direction.
-void gemm(const GemmOperand& a, const GemmOperand& b, const TensorView& out,
-          const GemmOptions& options = {});
+// mismatch (naming both operands), a missing direction or operands on different devices.
+// Returns the plan that ran: on CUDA a pair the table marks native runs emulated instead (and
+// the returned plan says so and why) only when the loaded cuBLASLt has no algorithm for it.
+// CUDA GEMMs are asynchronous on options.stream.
+GemmPlan gemm(const GemmOperand& a, const GemmOperand& b, const TensorView& out,
+              const GemmOptions& options = {});
 
 // The CPU reference product of two FP32 matrices both stored inner-contiguous:
 // out[i, j] = sum_r a[i*k + r] * b[j*k + r], FP32 accumulation in a fixed order (deterministic,

@@ -280,6 +280,14 @@ typedef struct qr_host_api {
   void (*error_free)(qr_status status);
   /* the resolved options of a sub-quantizer, as the plugin descriptor's `describe` */
   qr_status (*quantizer_describe)(qr_host_quantizer* q, char* buffer, size_t capacity);
+  /* appended after v1 (check struct_size): moves a state this ctx handed out to `device`,
+   * keeping its history and scale, and rewrites *state with the new pointers (the old ones
+   * are freed). A quantizer whose tensors live on another device than its state calls it
+   * once, so amaxes accumulate where the kernels run. Synchronizes the devices involved
+   * (pending work on non-blocking streams must be synchronized by the caller, as for
+   * Engine::update_scaling). Not concurrent with quantize calls using the state. */
+  qr_status (*scaling_state_move)(qr_host_context* ctx, qr_scaling_state* state,
+                                  qr_device device);
 } qr_host_api;
 
 /* ---------------------------------------------------------------- 4. plugin descriptor */

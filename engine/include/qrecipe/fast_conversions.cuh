@@ -1,0 +1,120 @@
+// Device-only fast paths of conversions.hpp for kernels: the hardware FP8 conversion
+// (cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32, sm_89 and later) and the hardware F16 decode, plus
+// the packed BF16 / F16 pair decodes a 16-byte vector load needs.
+//
+// Contract: every function here returns exactly what its reference in conversions.hpp
+// returns, for every input (the reference is the specification). The decodes of F16 NaNs are
+// the one exception: they are NaN like the reference's, with the hardware's payload; nothing
+// downstream can tell (amax ignores NaN, every NaN encodes to the same FP8 code, NaN * scale
+// is NaN). tests/gpu/test_gpu_conversions.cpp proves all of it on the GPU by running these
+// functions and the references over all 2^32 inputs.
+//
+// Why the explicit NaN rule: the reference encodes every NaN as 0x7F (sign dropped), which
+// is TransformerEngine's canonical NaN; the hardware's choice of NaN code (sign, E5M2
+// payload) is not something to depend on, so NaN inputs are mapped to 0x7F here, after the
+// conversion, from the input (which also covers any code the hardware picks).
+//
+// Below sm_89 (no hardware FP8 conversion) every function falls back to the reference.
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "qrecipe/fast_conversions.cuh holds device code: include it from .cu files only"
+#endif
+
+#include <cstdint>
+
+#include "qrecipe/conversions.hpp"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define QR_HARDWARE_FP8 1
+#else
+#define QR_HARDWARE_FP8 0
+#endif
+
+namespace qrecipe::num::fast {
+
+// ---------------------------------------------------------------- the raw hardware conversion
+
+// The hardware conversion alone, no NaN rule: codes of `lo` in bits 0..7 and of `hi` in bits
+// 8..15. PTX `cvt.rn.satfinite.e4m3x2.f32 d, a, b` puts a in the upper byte and b in the lower
+// one. Exposed for the conversion test, which reports how it treats NaN; kernels use the
+// functions below.
+__device__ __forceinline__ std::uint32_t hardware_e4m3x2(float lo, float hi) {
+#if QR_HARDWARE_FP8
+  unsigned short codes;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(codes) : "f"(hi), "f"(lo));
+  return codes;
+#else
+  return f32_to_e4m3(lo) | (static_cast<std::uint32_t>(f32_to_e4m3(hi)) << 8);
+#endif
+}
+
+__device__ __forceinline__ std::uint32_t hardware_e5m2x2(float lo, float hi) {
+#if QR_HARDWARE_FP8
+  unsigned short codes;
+  asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(codes) : "f"(hi), "f"(lo));
+  return codes;
+#else
+  return f32_to_e5m2(lo) | (static_cast<std::uint32_t>(f32_to_e5m2(hi)) << 8);
+#endif
+}
+
+// ---------------------------------------------------------------- FP8 encode (== reference)
+
+// The reference's NaN rule on a pair of codes: a NaN input becomes 0x7F, whatever the
+// hardware wrote. `x != x` is true exactly for NaN (no fast math in this project).
+__device__ __forceinline__ std::uint32_t canonical_nan_pair(std::uint32_t codes, float lo,
+                                                            float hi) {
+  if (lo != lo) codes = (codes & 0xFF00u) | 0x007Fu;
+  if (hi != hi) codes = (codes & 0x00FFu) | 0x7F00u;
+  return codes;
+}
+
+// == f32_to_e4m3(lo) | f32_to_e4m3(hi) << 8
+__device__ __forceinline__ std::uint32_t f32x2_to_e4m3x2(float lo, float hi) {
+  return canonical_nan_pair(hardware_e4m3x2(lo, hi), lo, hi);
+}
+
+// == f32_to_e5m2(lo) | f32_to_e5m2(hi) << 8
+__device__ __forceinline__ std::uint32_t f32x2_to_e5m2x2(float lo, float hi) {
+  return canonical_nan_pair(hardware_e5m2x2(lo, hi), lo, hi);
+}
+
+// Four codes in one little-endian word: x0 in bits 0..7, ..., x3 in bits 24..31.
+__device__ __forceinline__ std::uint32_t f32x4_to_e4m3x4(float x0, float x1, float x2,
+                                                         float x3) {
+  return f32x2_to_e4m3x2(x0, x1) | (f32x2_to_e4m3x2(x2, x3) << 16);
+}
+__device__ __forceinline__ std::uint32_t f32x4_to_e5m2x4(float x0, float x1, float x2,
+                                                         float x3) {
+  return f32x2_to_e5m2x2(x0, x1) | (f32x2_to_e5m2x2(x2, x3) << 16);
+}
+
+// ---------------------------------------------------------------- packed input decodes
+
+// Two BF16 values of one little-endian word (element 0 in the low half): == bf16_to_f32 of
+// each half, bit for bit (BF16 is the top half of an FP32).
+__device__ __forceinline__ void bf16x2_to_f32x2(std::uint32_t word, float& lo, float& hi) {
+  lo = __uint_as_float(word << 16);
+  hi = __uint_as_float(word & 0xFFFF0000u);
+}
+
+// One F16 value: == f16_to_f32 for every non-NaN input (F16 subnormals are FP32 normals, so
+// the hardware conversion is exact); a NaN for every NaN input (payload may differ, see top).
+__device__ __forceinline__ float f16_to_f32(std::uint16_t code) {
+#if defined(__CUDA_ARCH__)
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(code));
+  return f;
+#else
+  return num::f16_to_f32(code);
+#endif
+}
+
+// Two F16 values of one little-endian word (element 0 in the low half).
+__device__ __forceinline__ void f16x2_to_f32x2(std::uint32_t word, float& lo, float& hi) {
+  lo = f16_to_f32(static_cast<std::uint16_t>(word & 0xFFFFu));
+  hi = f16_to_f32(static_cast<std::uint16_t>(word >> 16));
+}
+
+}  // namespace qrecipe::num::fast

@@ -1,0 +1,437 @@
+// The CUDA GEMM path: native cuBLASLt FP8 GEMMs, emulation on the GPU, dense GEMMs
+// (DESIGN.md section 6; gemm.hpp is the contract).
+//
+// Map of this file
+//   1. the transposition convention (below), device guard, scratch buffers per stream
+//   2. Op: one operand as the GEMM reads it (pointer, dtype, K-major or not, scales)
+//   3. run_product: one cuBLASLt call in column-major terms plus the epilogue strategy
+//   4. the three paths: native (per-tensor FP8, blockwise FP8), emulated, dense
+//   5. gemm_cuda(): plan, dispatch, and the fallback from native to emulated
+//
+// Transposition convention. Our operands are "inner contiguous" (K-major): operand A gives the
+// rows of the output and is stored [M, K] row-major, operand B gives the columns and is stored
+// [N, K] row-major, and out[i, j] = sum_r A(i, r) B(j, r), out being [M, N] row-major.
+// cuBLASLt is column-major and computes D (m x n) = op(A_c) op(B_c). A row-major [M, N] buffer
+// is the column-major [N, M] matrix out^T, and out^T = B A^T. So:
+//   cuBLAS A_c = our B: the [N, K] row-major buffer is column-major K x N with ld K; op T
+//                makes it N x K.                                   (m = N)
+//   cuBLAS B_c = our A: the [M, K] row-major buffer is column-major K x M with ld K; op N
+//                keeps it K x M.                                   (n = M, k = K)
+//   D = out: column-major N x M with ld N, i.e. our [M, N] row-major.
+// That is the "TN" form, the only one Hopper's FP8 GEMMs accept: both operands K-major.
+// Scale pointers follow their data: CUBLASLT_MATMUL_DESC_A_SCALE_* holds our B's scale_inv,
+// B_SCALE_* our A's. The bias (one value per output column j < N) is a vector of length m = N
+// in cuBLAS terms: what CUBLASLT_EPILOGUE_BIAS adds ("length = rows of D").
+// An operand that is not K-major (a dense or dequantized columnwise operand, stored [K, outer])
+// flips its op: our B becomes column-major N x K with ld N and op N; our A column-major M x K
+// with ld M and op T. Only BF16 and FP32 GEMMs ever see that.
+#include "gemm_cuda.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "cublaslt.hpp"
+#include "gemm_cuda_kernels.hpp"
+#include "qrecipe/cuda.hpp"
+#include "qrecipe/error.hpp"
+
+namespace qrecipe::detail {
+namespace {
+
+// ---------------------------------------------------------------- 1. device, scratch
+
+void check_cuda(cudaError_t status, const char* call, const std::string& what) {
+  if (status == cudaSuccess) return;
+  (void)cudaGetLastError();
+  QR_THROW_CODE(QR_STATUS_DEVICE_ERROR, "CUDA call ", call, " failed with ", cudaGetErrorName(status),
+                " (", cudaGetErrorString(status), ") during ", what,
+                "; check the device with nvidia-smi");
+}
+
+class DeviceGuard {
+ public:
+  // cudaSetDevice runs even when the device is already current: it makes the device's primary
+  // context current on this thread, which cuBLASLt (driver API) needs on a fresh thread.
+  explicit DeviceGuard(int index) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice", "a GEMM");
+    changed_ = previous_ != index;
+    check_cuda(cudaSetDevice(index), "cudaSetDevice", "a GEMM");
+  }
+  ~DeviceGuard() {
+    if (changed_) (void)cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
+
+// Device buffers for decoded operands and FP32 products, one set per (thread, device, stream)
+// so that GEMMs that may run concurrently never share one; a buffer grows when a GEMM needs more
+// (cudaFree of the old one waits for the work that used it) and is kept until the thread exits.
+enum Slot { kSlotA = 0, kSlotB = 1, kSlotProduct = 2, kSlots = 3 };
+
+void* scratch(int device, void* stream, Slot slot, std::size_t bytes) {
+  struct Set {
+    Buffer buffers[kSlots];
+  };
+  thread_local std::map<std::pair<int, void*>, Set> sets;
+  Buffer& buffer = sets[{device, stream}].buffers[slot];
+  if (buffer.bytes() < bytes || buffer.data() == nullptr)
+    buffer = Buffer(cuda_allocator(), bytes, Device::cuda(device));
+  return buffer.data();
+}
+
+// ---------------------------------------------------------------- 2. operands
+
+// One operand as the GEMM reads it: `outer` rows of `inner` values, K-major (stored
+// [outer, inner] row-major) or not (stored [inner, outer] row-major).
+struct Op {
+  const void* data = nullptr;
+  cudaDataType_t type = CUDA_R_32F;
+  bool k_major = true;
+  std::int64_t outer = 0, inner = 0;
+  const void* scale = nullptr;
+  cublasLtMatmulMatrixScale_t scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+};
+
+cudaDataType_t cuda_type(qr_dtype t) {
+  switch (t) {
+    case QR_DTYPE_F32: return CUDA_R_32F;
+    case QR_DTYPE_BF16: return CUDA_R_16BF;
+    case QR_DTYPE_E4M3: return CUDA_R_8F_E4M3;
+    case QR_DTYPE_E5M2: return CUDA_R_8F_E5M2;
+    default: QR_THROW_CODE(QR_STATUS_INTERNAL, "no cuBLASLt type for dtype ", static_cast<int>(t));
+  }
+}
+
+bool is_fp8(cudaDataType_t t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; }
+
+OperandTraits traits_of(const GemmOperand& op) {
+  if (op.tensor) return OperandTraits::of(op.tensor->direction(op.direction).layout, op.direction);
+  return OperandTraits::high_precision(op.high_precision.dtype());
+}
+
+// cuBLAS A_c from our B (see the convention at the top of the file).
+cublaslt::Matrix as_cublas_a(const Op& ours_b) {
+  cublaslt::Matrix x;
+  x.data = ours_b.data;
+  x.type = ours_b.type;
+  x.scale = ours_b.scale;
+  x.scale_mode = ours_b.scale_mode;
+  if (ours_b.k_major) {  // column-major K x N, op T -> N x K
+    x.op = CUBLAS_OP_T;
+    x.rows = ours_b.inner;
+    x.cols = ours_b.outer;
+    x.ld = ours_b.inner;
+  } else {               // column-major N x K already
+    x.op = CUBLAS_OP_N;
+    x.rows = ours_b.outer;
+    x.cols = ours_b.inner;
+    x.ld = ours_b.outer;
+  }
+  return x;
+}
+
+// cuBLAS B_c from our A.
+cublaslt::Matrix as_cublas_b(const Op& ours_a) {
+  cublaslt::Matrix x;
+  x.data = ours_a.data;
+  x.type = ours_a.type;
+  x.scale = ours_a.scale;
+  x.scale_mode = ours_a.scale_mode;
+  if (ours_a.k_major) {  // column-major K x M, op N
+    x.op = CUBLAS_OP_N;
+    x.rows = ours_a.inner;
+    x.cols = ours_a.outer;
+    x.ld = ours_a.inner;
+  } else {               // column-major M x K, op T -> K x M
+    x.op = CUBLAS_OP_T;
+    x.rows = ours_a.outer;
+    x.cols = ours_a.inner;
+    x.ld = ours_a.outer;
+  }
+  return x;
+}
+
+struct Context {
+  const GemmOperand& a;
+  const GemmOperand& b;
+  const TensorView& out;
+  const GemmOptions& options;
+  int device = 0;
+  std::int64_t m = 0, n = 0, k = 0;
+  // "fprop e4m3 [1024x512] rowwise x e4m3 [256x512] rowwise -> f32 [1024x256]", built only for
+  // messages.
+  std::string what() const;
+};
+
+// ---------------------------------------------------------------- 3. one product
+
+// out = alpha * A B^T (+ out) (+ bias) through cuBLASLt. The epilogue runs inside cuBLASLt when
+// it can do exactly what the reference does (FP32 bias only where the bias type is the output
+// type: non-FP8 inputs and an FP32 output); otherwise the product goes to an FP32 buffer (or to
+// the FP32 output itself) and a small kernel applies the reference epilogue, so the result never
+// depends on a BF16-rounded bias or a double rounding.
+cublaslt::Outcome run_product(const Context& c, const Op& a, const Op& b, bool fast_accumulation,
+                              std::string& why) {
+  const bool fp8 = is_fp8(a.type) || is_fp8(b.type);
+  const bool out_bf16 = c.out.dtype() == DType::bf16;
+  // cuBLASLt's FP32 GEMM writes FP32 only: a BF16 output goes through the FP32 buffer below.
+  const bool direct_ok = !(a.type == CUDA_R_32F && out_bf16);
+  const float* bias = c.options.bias;
+  cublaslt::MatmulArgs x;
+  x.device = c.device;
+  x.stream = c.options.stream;
+  x.a = as_cublas_a(b);
+  x.b = as_cublas_b(a);
+  x.m = c.n;
+  x.n = c.m;
+  x.k = c.k;
+  x.ldd = c.n;
+  x.alpha = c.options.alpha;
+  x.fast_accumulation = fast_accumulation;
+  x.what = [&c] { return c.what(); };
+
+  const bool bias_native = bias && !fp8 && !out_bf16;
+  if (direct_ok && (!bias || bias_native || !out_bf16)) {
+    x.d = c.out.data();
+    x.d_type = out_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    x.beta = c.options.accumulate ? 1.0f : 0.0f;
+    x.bias = bias_native ? bias : nullptr;
+    if (cublaslt::matmul(x, &why) == cublaslt::Outcome::done) {
+      if (bias && !bias_native)  // FP32 output: add the bias last, as the reference does
+        gemm_kernels::add_bias_f32(static_cast<float*>(c.out.data()), bias, c.m, c.n, c.options.stream);
+      return cublaslt::Outcome::done;
+    }
+  }
+  // The product in FP32, then the reference epilogue in one pass.
+  x.d = scratch(c.device, c.options.stream, kSlotProduct,
+                static_cast<std::size_t>(c.m * c.n) * sizeof(float));
+  x.d_type = CUDA_R_32F;
+  x.beta = 0.0f;
+  x.bias = nullptr;
+  if (cublaslt::matmul(x, &why) == cublaslt::Outcome::unsupported) return cublaslt::Outcome::unsupported;
+  gemm_kernels::finish(c.out.data(), out_bf16, static_cast<const float*>(x.d), c.options.alpha,
+                       c.options.accumulate, bias, c.m, c.n, c.options.stream);
+  return cublaslt::Outcome::done;
+}
+
+// ---------------------------------------------------------------- 4. paths
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+std::int64_t round_up(std::int64_t a, std::int64_t b) { return ceil_div(a, b) * b; }
+
+// Whether a blockwise direction's FP32 scales are laid out as cuBLASLt reads them (the
+// GEMM-ready layouts of docs/numerics.md, TransformerEngine's on Hopper), in the operand frame
+// (o = block along the output dimension, kb = block along K):
+//   1x128   (VEC128_32F):     scale(o, kb) at kb * ld + o, ld = outer ("outer-dim-major",
+//                              ceil(K/128) x outer; outer is a multiple of 16 here)
+//   128x128 (BLK128x128_32F): scale(ob, kb) at ob * ld + kb, ld = roundup(ceil(K/128), 4)
+// The layout says where logical block (a, b) of the [rows, cols] tensor lives
+// (scale_transposed: b * ld + a, else a * ld + b); rowwise (a, b) = (o, kb), columnwise (kb, o).
+bool block_scales_fit(const qr_direction_data& dd, qr_direction direction, std::int64_t outer,
+                      std::int64_t inner, bool blk128x128, std::string& why) {
+  const qr_direction_layout& l = dd.layout;
+  if (l.scale_dtype != QR_DTYPE_F32 || l.scale_ndim != 2 || dd.scale_inv.data == nullptr) {
+    why = "block scales are not a 2-D FP32 buffer";
+    return false;
+  }
+  const std::int64_t ld = l.scale_shape[1];
+  const bool transposed = l.scale_transposed != 0;
+  const bool rowwise = direction == QR_DIRECTION_ROWWISE;
+  // Strides of (o, kb) in the stored buffer.
+  const bool o_is_fast = rowwise ? transposed : !transposed;  // o stride 1, kb stride ld
+  const std::int64_t kb = ceil_div(inner, 128), ob = ceil_div(outer, 128);
+  bool ok;
+  if (blk128x128)
+    ok = !o_is_fast && ld == round_up(kb, 4) && l.scale_shape[0] >= ob;
+  else
+    ok = o_is_fast && ld == outer && l.scale_shape[0] >= kb;
+  if (!ok) {
+    std::ostringstream os;
+    os << "scale buffer [" << l.scale_shape[0] << ", " << l.scale_shape[1] << "] (scale_transposed "
+       << l.scale_transposed << ") is not the " << (blk128x128 ? "BLK128x128_32F" : "VEC128_32F")
+       << " layout cuBLASLt reads";
+    why = os.str();
+  }
+  return ok;
+}
+
+// A native FP8 operand: the stored data (K-major, the plan checked it) and its scales.
+Op native_operand(const GemmOperand& g, const OperandTraits& t) {
+  const qr_direction_data& dd = g.tensor->direction(g.direction);
+  Op op;
+  op.data = dd.data.data;
+  op.type = cuda_type(t.data_dtype);
+  op.k_major = true;
+  op.outer = g.outer();
+  op.inner = g.inner();
+  op.scale = dd.scale_inv.data;
+  if (t.scale_mode == QR_SCALE_TENSOR)
+    op.scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  else
+    op.scale_mode = t.block_outer == 1 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                       : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  QR_CHECK_CODE(op.data != nullptr && op.scale != nullptr, QR_STATUS_INTERNAL, "native GEMM operand ",
+                g.str(), " has no data or no scale_inv buffer");
+  return op;
+}
+
+// Runs a pair the table marks native. Returns false (with why) when it must be emulated instead.
+bool run_native(const Context& c, const GemmPlan& plan, const OperandTraits& ta,
+                const OperandTraits& tb, std::string& why) {
+  for (const auto* side : {&c.a, &c.b}) {
+    const OperandTraits& t = side == &c.a ? ta : tb;
+    if (t.scale_mode != QR_SCALE_BLOCK) continue;
+    if (!block_scales_fit(side->tensor->direction(side->direction), side->direction, side->outer(),
+                          side->inner(), t.block_outer == 128, why)) {
+      why = side->str() + ": " + why;
+      return false;
+    }
+  }
+  const Op a = native_operand(c.a, ta), b = native_operand(c.b, tb);
+  std::string status;
+  if (run_product(c, a, b, plan.fast_accumulation, status) == cublaslt::Outcome::done) return true;
+  why = "cuBLASLt (" + cublaslt::library_description() + ") has no algorithm for " + ta.str() +
+        " x " + tb.str() + " -> " + std::string(dtype_name(c.out.dtype())) + " at " +
+        std::to_string(c.m) + "x" + std::to_string(c.n) + "x" + std::to_string(c.k) + ": " + status;
+  return false;
+}
+
+// Decoding is exact in BF16 for a dense BF16 operand and for FP8 codes times power-of-two (E8M0)
+// block scales (MXFP8); every other decode can carry more than 8 significant bits (a per-tensor
+// or FP32 block scale, NVFP4's FP32 tensor factor), so those GEMMs decode to FP32.
+bool decodes_exactly_to_bf16(const OperandTraits& t) {
+  if (t.scale_mode == QR_SCALE_NONE) return t.data_dtype == QR_DTYPE_BF16;
+  return t.scale_mode == QR_SCALE_BLOCK && t.scale_dtype == QR_DTYPE_E8M0 &&
+         (t.data_dtype == QR_DTYPE_E4M3 || t.data_dtype == QR_DTYPE_E5M2);
+}
+
+// One operand decoded (or converted) to `type` on the device, as [rows, cols] row-major.
+Op decoded_operand(const Context& c, const GemmOperand& g, DType type, Slot slot) {
+  Op op;
+  op.type = type == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  op.k_major = g.direction == QR_DIRECTION_ROWWISE;
+  op.outer = g.outer();
+  op.inner = g.inner();
+  const std::int64_t rows = g.rows(), cols = g.cols();
+  const std::size_t elem = type == DType::bf16 ? 2 : 4;
+  if (g.tensor) {
+    void* buffer = scratch(c.device, c.options.stream, slot, static_cast<std::size_t>(rows * cols) * elem);
+    try {
+      g.quantizer->dequantize(*g.tensor, g.direction,
+                              TensorView(buffer, type, {rows, cols}, Device::cuda(c.device)),
+                              c.options.stream);
+    } catch (const Error& e) {
+      if (e.code() != QR_STATUS_UNSUPPORTED) throw;
+      QR_THROW_CODE(QR_STATUS_UNSUPPORTED, "emulated GEMM ", c.what(), " decodes ", g.str(),
+                    " on cuda:", c.device, " with its format's CUDA dequantize, which failed: ",
+                    e.what(), ". A CUDA operand never falls back to the CPU: use a format whose "
+                    "plugin supports cuda for GPU GEMMs, or run this GEMM on CPU tensors");
+    }
+    op.data = buffer;
+    return op;
+  }
+  const TensorView& t = g.high_precision;
+  QR_CHECK(t.is_contiguous(), "dense GEMM operand ", g.str(), " must be contiguous");
+  QR_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, "dense GEMM operand ", g.str(),
+           " must be f32 or bf16");
+  if (t.dtype() == type) {
+    op.data = t.data();
+    return op;
+  }
+  QR_CHECK_CODE(t.dtype() == DType::bf16 && type == DType::f32, QR_STATUS_INTERNAL,
+                "dense operand ", g.str(), " cannot be converted to ", dtype_name(type));
+  void* buffer = scratch(c.device, c.options.stream, slot, static_cast<std::size_t>(rows * cols) * 4);
+  gemm_kernels::bf16_to_f32(static_cast<const std::uint16_t*>(t.data()), static_cast<float*>(buffer),
+                            rows * cols, c.options.stream);
+  op.data = buffer;
+  return op;
+}
+
+// Emulated and dense GEMMs: both operands in BF16 when both decode exactly to BF16, else FP32
+// (CUBLAS_COMPUTE_32F, no TF32: the reference accumulates FP32 products of the decoded values).
+DType run_decoded(const Context& c, const OperandTraits& ta, const OperandTraits& tb) {
+  const DType type =
+      decodes_exactly_to_bf16(ta) && decodes_exactly_to_bf16(tb) ? DType::bf16 : DType::f32;
+  const Op a = decoded_operand(c, c.a, type, kSlotA);
+  const Op b = decoded_operand(c, c.b, type, kSlotB);
+  std::string status;
+  QR_CHECK_CODE(run_product(c, a, b, false, status) == cublaslt::Outcome::done, QR_STATUS_DEVICE_ERROR,
+                "cuBLASLt (", cublaslt::library_description(), ") has no ", dtype_name(type),
+                " GEMM algorithm for ", c.what(), " (", status, "); this should not happen on a "
+                "supported GPU");
+  return type;
+}
+
+void check_bias(const Context& c) {
+  if (!c.options.bias) return;
+  cudaPointerAttributes attr{};
+  check_cuda(cudaPointerGetAttributes(&attr, c.options.bias), "cudaPointerGetAttributes", "the bias check");
+  QR_CHECK((attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) &&
+               attr.device == c.device,
+           "GEMM ", c.what(), ": the bias must be device memory on cuda:", c.device,
+           " (FP32, one value per output column) for a CUDA GEMM; got a ",
+           attr.type == cudaMemoryTypeHost || attr.type == cudaMemoryTypeUnregistered
+               ? "host pointer"
+               : "pointer on cuda:" + std::to_string(attr.device));
+}
+
+std::string describe(const GemmOperand& a, const GemmOperand& b, const TensorView& out,
+                     const GemmOptions& o) {
+  std::ostringstream os;
+  if (o.kind) os << gemm_kind_name(*o.kind) << " ";
+  os << a.str() << " x " << b.str() << " -> " << dtype_name(out.dtype()) << " [" << out.rows() << "x"
+     << out.cols() << "]";
+  return os.str();
+}
+
+std::string Context::what() const { return describe(a, b, out, options); }
+
+}  // namespace
+
+// ---------------------------------------------------------------- 5. entry
+
+GemmPlan gemm_cuda(const GemmOperand& a, const GemmOperand& b, const TensorView& out,
+                   const GemmOptions& options) {
+  Context c{a, b, out, options};
+  c.device = out.device().index;
+  c.m = a.outer();
+  c.n = b.outer();
+  c.k = a.inner();
+  QR_CHECK(!a.is_quantized() || a.quantizer, "quantized GEMM operand ", a.str(), " needs its quantizer");
+  QR_CHECK(!b.is_quantized() || b.quantizer, "quantized GEMM operand ", b.str(), " needs its quantizer");
+
+  const OperandTraits ta = traits_of(a), tb = traits_of(b);
+  // Without a kind the accumulation is split (the accurate choice): only fprop is fast.
+  GemmPlan plan = plan_gemm(options.kind.value_or(GemmKind::wgrad), ta, tb, GemmTarget::sm90, c.m,
+                            c.n, c.k);
+  DeviceGuard guard(c.device);
+  check_bias(c);
+  if (c.m == 0 || c.n == 0) return plan;
+  if (c.k == 0) {  // an empty sum: only the epilogue
+    gemm_kernels::finish(out.data(), out.dtype() == DType::bf16, nullptr, options.alpha,
+                         options.accumulate, options.bias, c.m, c.n, options.stream);
+    return plan;
+  }
+  if (plan.path == GemmPlan::Path::native) {
+    std::string why;
+    if (run_native(c, plan, ta, tb, why)) return plan;
+    plan = {GemmPlan::Path::emulated, false, why + "; emulated instead"};
+  }
+  const DType decoded = run_decoded(c, ta, tb);
+  plan.reason += std::string(plan.reason.empty() ? "" : "; ") + "operands " +
+                 (plan.path == GemmPlan::Path::dense ? "as " : "decoded to ") +
+                 std::string(dtype_name(decoded)) + " on cuda:" + std::to_string(c.device) +
+                 ", FP32 accumulation";
+  return plan;
+}
+
+}  // namespace qrecipe::detail

@@ -1,0 +1,13 @@
+// The CUDA GEMM path (internal header; gemm_cuda.cpp is compiled only with CUDA).
+#pragma once
+
+#include "qrecipe/gemm.hpp"
+
+namespace qrecipe::detail {
+
+// gemm() for operands and output that all live on one CUDA device (gemm.cpp has checked the
+// shapes, the output dtype and contiguity, and that the devices agree). Returns the plan that ran.
+GemmPlan gemm_cuda(const GemmOperand& a, const GemmOperand& b, const TensorView& out,
+                   const GemmOptions& options);
+
+}  // namespace qrecipe::detail

@@ -1,0 +1,768 @@
+// CUDA kernels of the nvfp4 format, bit-exact with nvfp4_ref.cpp.
+//
+// Map of this file (STYLE.md rule 11: helpers, kernels, launchers, entries):
+//   1. error checking, device guard, input element traits
+//   2. device helpers: 16-byte run loads, the 64x64 shared-memory tile, the quantization of
+//      one 16-element block, packed E2M1 stores, block max, atomic max of a non-negative float
+//   3. kernels: amax (plain and Hadamard), quantize (both directions per tile), dequantize
+//   4. launchers (grid arithmetic, dtype dispatch) and the entries of nvfp4_kernels.hpp
+//
+// Passes of one quantize call (M x K source, DESIGN.md section 7 "nvfp4"):
+//   pass 1, the tensor amax (skipped when the caller passes a reduced amax):
+//     - plain: grid-stride 16-byte loads, max |x| into every requested direction's amax
+//       (rowwise and columnwise amax are equal without Hadamard, and under 2d);
+//     - Hadamard with columnwise requested: one block per 64x64 tile computes max |x| and
+//       the max over the transformed BF16 columns from the same read of the tile.
+//   pass 2, quantize (instantiated per source dtype and per rounding, so round-to-nearest
+//     carries no stochastic-rounding code): one block of 256 threads per 64x64 tile. The
+//     tile is loaded once into shared memory as FP32 (16-byte loads); then each thread
+//     quantizes one 1x16 rowwise
+//     block (64 rows x 4 blocks = 256) and one 16x1 columnwise block (64 columns x 4 blocks
+//     = 256) of that tile, so the source is read once for both directions. Under Hadamard the
+//     16x1 block is exactly one transform run (M % 16 == 0): the thread transforms it in
+//     registers. Under 2d the rowwise threads also publish their block amax; each 16x16 tile's
+//     scale is the max of its 16 row blocks, the codes are computed once (rowwise order, as
+//     the reference) and parked in shared memory, and the columnwise threads store their
+//     transpose.
+//   Bytes moved for a bf16 source with both directions: pass 1 reads 2MK, pass 2 reads 2MK
+//   and writes MK/2 + MK/2 data and 2 * MK/16 scales: 5.125 MK bytes (3.125 MK with a
+//   caller-reduced amax); f32: 9.125 MK (5.125 MK).
+//
+// Exactness: every scalar rule is nvfp4_rules.hpp, the transform hadamard.hpp and the random
+// words philox.hpp, all __host__ __device__ code the reference runs too; the plugin is
+// compiled with -fmad=false --ftz=false --prec-div=true, so the device performs the same IEEE
+// operations in the same order. Amaxes are exact maxima, so reduction order does not matter.
+// NaN bit patterns never reach a stored byte through arithmetic (rules::decode_element).
+#include "nvfp4_kernels.hpp"
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "hadamard.hpp"
+#include "nvfp4_rules.hpp"
+#include "philox.hpp"
+#include "qrecipe/conversions.hpp"
+#include "qrecipe/error.hpp"
+
+namespace qrecipe::nvfp4::cuda {
+namespace {
+
+// ---------------------------------------------------------------- 1. checking, traits
+
+void check_cuda(cudaError_t status, const char* call, const std::string& where) {
+  if (status == cudaSuccess) return;
+  throw Error(QR_STATUS_DEVICE_ERROR, where,
+              detail::concat("nvfp4: CUDA call `", call, "` failed with ",
+                             cudaGetErrorName(status), " (", cudaGetErrorString(status),
+                             "). Check that the tensors live on the device the call names and "
+                             "that the CUDA driver supports this build's toolkit"));
+}
+#define QR_CUDA_CHECK(call) check_cuda((call), #call, QR_WHERE())
+// After a <<<...>>> launch: reports a bad configuration (and earlier asynchronous errors).
+#define QR_CUDA_CHECK_LAUNCH(kernel_name) \
+  check_cuda(cudaGetLastError(), "launch of " kernel_name, QR_WHERE())
+
+// Makes `index` the current device for the lifetime of the guard.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int index) : index_(index) {
+    QR_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != index_) QR_CUDA_CHECK(cudaSetDevice(index_));
+  }
+  ~DeviceGuard() {
+    if (previous_ != index_) cudaSetDevice(previous_);  // best effort in a destructor
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int index_;
+  int previous_ = 0;
+};
+
+cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+// Input element types: storage type and exact widening to FP32 (the reference's load_f32).
+struct F32In {
+  using Storage = float;
+  static __device__ __forceinline__ float to_f32(Storage v) { return v; }
+};
+struct BF16In {
+  using Storage = std::uint16_t;
+  static __device__ __forceinline__ float to_f32(Storage v) { return num::bf16_to_f32(v); }
+};
+struct F16In {
+  using Storage = std::uint16_t;
+  static __device__ __forceinline__ float to_f32(Storage v) { return num::f16_to_f32(v); }
+};
+
+// ---------------------------------------------------------------- 2. device helpers
+
+constexpr int kBlock = rules::kBlockSize;  // 16 elements per block scale
+static_assert(kBlock == kHadamardSize, "a Hadamard run must be exactly one columnwise block");
+static_assert(kBlock % 2 == 0, "blocks start on whole bytes of packed E2M1");
+
+// A thread reads runs of consecutive elements with one 16-byte load: 4 f32 or 8 bf16/f16.
+template <class In>
+inline constexpr int kRunLength = 16 / static_cast<int>(sizeof(typename In::Storage));
+
+template <class Storage, int N>
+struct alignas(N * sizeof(Storage)) RunOf {
+  Storage v[N];
+};
+
+// Elements of a run of n that lie inside a dimension of `extent` when it starts at `start`.
+__device__ __forceinline__ int valid_in_run(std::int64_t start, std::int64_t extent, int n) {
+  if (start >= extent) return 0;
+  return extent - start < n ? static_cast<int>(extent - start) : n;
+}
+
+// Loads src[offset .. offset + N) holding `valid` (0..N) elements; the missing ones read as
+// 0. `aligned`: the whole run is in bounds and 16-byte aligned (one vector load).
+template <class In, int N>
+__device__ __forceinline__ void load_run(const typename In::Storage* src, std::int64_t offset,
+                                         int valid, bool aligned, float (&out)[N]) {
+  using Storage = typename In::Storage;
+  if (aligned) {
+    const RunOf<Storage, N> run = *reinterpret_cast<const RunOf<Storage, N>*>(src + offset);
+#pragma unroll
+    for (int k = 0; k < N; ++k) out[k] = In::to_f32(run.v[k]);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < N; ++k) out[k] = k < valid ? In::to_f32(src[offset + k]) : 0.0f;
+}
+
+// The shared-memory tile of both kernels that work per tile (quantize, Hadamard amax).
+struct Tile {
+  static constexpr int kRows = 64;
+  static constexpr int kCols = 64;
+  static constexpr int kThreads = 256;
+  static constexpr int kRowBlocks = kCols / kBlock;  // 1x16 blocks across a tile row: 4
+  static constexpr int kColBlocks = kRows / kBlock;  // 16x1 blocks down a tile column: 4
+  // FP32 rows padded by one word: a warp reading 8 rows x 4 blocks (rowwise) or 8 columns x
+  // 4 blocks (columnwise) hits each bank at most twice.
+  static constexpr int kPitch = kCols + 1;
+  // 2d codes, one byte per element; rows stay 4-byte aligned for the word stores.
+  static constexpr int kCodePitch = kCols + 4;
+  static_assert(kRows * kRowBlocks == kThreads, "one rowwise block per thread");
+  static_assert(kCols * kColBlocks == kThreads, "one columnwise block per thread");
+  static_assert(kRows % kBlock == 0 && kCols % kBlock == 0, "tiles hold whole 16x16 tiles");
+  static_assert(kCodePitch % 4 == 0, "code rows must stay 4-byte aligned");
+};
+
+// How the threads of a block load a tile: runs of kRun along rows, kPasses passes.
+template <class In>
+struct TileLoad {
+  static constexpr int kRun = kRunLength<In>;                           // f32: 4, 16-bit: 8
+  static constexpr int kRunsPerRow = Tile::kCols / kRun;                // 16 or 8
+  static constexpr int kRowsPerPass = Tile::kThreads / kRunsPerRow;     // 16 or 32
+  static constexpr int kPasses = Tile::kRows / kRowsPerPass;            // 4 or 2
+  static_assert(Tile::kCols % kRun == 0, "tile rows hold whole runs");
+  static_assert(Tile::kThreads % kRunsPerRow == 0 && Tile::kRows % kRowsPerPass == 0,
+                "the passes cover the tile exactly");
+};
+
+using TileValues = float[Tile::kRows][Tile::kPitch];
+
+// Loads the tile at (row0, col0) of src [rows, cols] into `tile` as FP32, 0 outside the
+// tensor (0 changes no amax and encodes to code 0, which is never stored anyway). Returns this
+// thread's max |x| over what it loaded (NaN ignored). The caller synchronizes afterwards.
+template <class In>
+__device__ __forceinline__ float load_tile(const typename In::Storage* src, std::int64_t rows,
+                                           std::int64_t cols, std::int64_t row0,
+                                           std::int64_t col0, bool src_aligned,
+                                           TileValues& tile) {
+  using L = TileLoad<In>;
+  constexpr int N = L::kRun;
+  const int run_col = static_cast<int>(threadIdx.x % L::kRunsPerRow) * N;
+  const int valid_cols = valid_in_run(col0 + run_col, cols, N);
+  float running = 0.0f;
+#pragma unroll
+  for (int pass = 0; pass < L::kPasses; ++pass) {
+    const int r = static_cast<int>(threadIdx.x / L::kRunsPerRow) + pass * L::kRowsPerPass;
+    float x[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) x[k] = 0.0f;
+    if (row0 + r < rows && valid_cols > 0)
+      load_run<In, N>(src, (row0 + r) * cols + col0 + run_col, valid_cols,
+                      src_aligned && valid_cols == N, x);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      tile[r][run_col + k] = x[k];
+      running = fmaxf(running, num::abs_f(x[k]));  // fmaxf ignores NaN, like the reference
+    }
+  }
+  return running;
+}
+
+// max |v| over a block and whether it holds a NaN (the reference's BlockAmax).
+struct BlockStats {
+  float amax = 0.0f;
+  bool has_nan = false;
+};
+
+__device__ __forceinline__ BlockStats block_stats(const float (&v)[kBlock]) {
+  BlockStats s;
+#pragma unroll
+  for (int j = 0; j < kBlock; ++j) {
+    if (num::is_nan(v[j])) s.has_nan = true;
+    else s.amax = fmaxf(s.amax, num::abs_f(v[j]));
+  }
+  return s;
+}
+
+// The Philox key and call offset of stochastic rounding (unused with round-to-nearest).
+struct RandomStream {
+  std::uint64_t seed;
+  std::uint64_t call_offset;
+};
+
+// Codes of the 16 elements v[j] * enc, element j with stochastic-rounding index
+// first_index + j. Every element is encoded, valid or not: the tile holds +0 past the tensor's
+// edge and +0 * enc (enc is positive and finite) encodes to code 0 under both roundings, so
+// the padding nibble of an odd row comes out 0 without a per-element test. kStochastic is a
+// template argument so the choice of rounding is made once per kernel, not per element.
+template <bool kStochastic>
+__device__ __forceinline__ void encode_block(const float (&v)[kBlock], float enc,
+                                             const RandomStream& random,
+                                             std::uint64_t first_index,
+                                             std::uint8_t (&q)[kBlock]) {
+#pragma unroll
+  for (int j = 0; j < kBlock; ++j) {
+    const float x = v[j] * enc;
+    std::uint8_t code;
+    if constexpr (kStochastic)
+      code = rules::round_stochastic(
+          x, sr_random_word(random.seed, first_index + j, random.call_offset));
+    else
+      code = rules::round_nearest(x);
+    q[j] = static_cast<std::uint8_t>(code & 0xFu);
+  }
+}
+
+// One 1-D block of a direction: its scale from its own amax, then its codes. Returns the
+// stored scale byte (0x7F when the block holds a NaN).
+template <bool kStochastic>
+__device__ __forceinline__ std::uint8_t quantize_block(const float (&v)[kBlock], float s_enc,
+                                                       float s_dec, const RandomStream& random,
+                                                       std::uint64_t first_index,
+                                                       std::uint8_t (&q)[kBlock]) {
+  const BlockStats s = block_stats(v);
+  const std::uint8_t code = rules::block_scale_code(s.amax, s_enc);
+  encode_block<kStochastic>(v, rules::element_encode_factor(code, s_dec), random, first_index,
+                            q);
+  return s.has_nan ? rules::kNanScaleCode : code;
+}
+
+// Stores the codes of one block, two per byte with the even index in the low nibble, at dst
+// (the block's first byte: blocks start at even elements). `valid` codes: ceil(valid / 2)
+// bytes. `vector_ok`: dst is 8-byte aligned, so a whole block goes out as one 8-byte store.
+__device__ __forceinline__ void store_packed(std::uint8_t* dst, const std::uint8_t (&q)[kBlock],
+                                             int valid, bool vector_ok) {
+  std::uint8_t bytes[kBlock / 2];
+#pragma unroll
+  for (int k = 0; k < kBlock / 2; ++k)
+    bytes[k] = static_cast<std::uint8_t>(q[2 * k] | (q[2 * k + 1] << 4));
+  if (vector_ok && valid == kBlock) {
+    uint2 words;
+    words.x = bytes[0] | (bytes[1] << 8) | (bytes[2] << 16) | (static_cast<unsigned>(bytes[3]) << 24);
+    words.y = bytes[4] | (bytes[5] << 8) | (bytes[6] << 16) | (static_cast<unsigned>(bytes[7]) << 24);
+    *reinterpret_cast<uint2*>(dst) = words;
+    return;
+  }
+  const int n = (valid + 1) / 2;
+#pragma unroll
+  for (int k = 0; k < kBlock / 2; ++k)  // constant indices keep `bytes` in registers
+    if (k < n) dst[k] = bytes[k];
+}
+
+// Max over the block of every thread's `v` (all threads must call it; result valid in all).
+template <int kThreads>
+__device__ float block_max(float v) {
+  static_assert(kThreads % 32 == 0 && kThreads <= 1024, "block size must be whole warps");
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float warp_max[kWarps];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, offset));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_max[warp] = v;
+  __syncthreads();
+  float result = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) result = fmaxf(result, warp_max[w]);
+  __syncthreads();  // warp_max may be reused by a later call
+  return result;
+}
+
+// Max of non-negative floats through their bit patterns: for x, y >= +0 (never NaN, never
+// -0), x < y exactly when bits(x) < bits(y) as unsigned integers. +inf orders last.
+__device__ __forceinline__ void atomic_max_nonnegative(float* address, float value) {
+  atomicMax(reinterpret_cast<unsigned int*>(address), __float_as_uint(value));
+}
+
+// ---------------------------------------------------------------- 3. kernels
+
+// Plain amax: grid-stride over 16-byte runs, kAmaxUnroll independent loads in flight per
+// thread, a block max, then one atomic per block into each non-null output.
+constexpr int kAmaxThreads = 256;
+constexpr int kAmaxUnroll = 4;
+constexpr int kAmaxBlocksPerSM = 2048 / kAmaxThreads;  // a full SM of resident threads: 8
+
+template <class In>
+__global__ void __launch_bounds__(kAmaxThreads)
+    amax_kernel(const typename In::Storage* src, std::int64_t numel, bool src_aligned,
+                float* out0, float* out1) {
+  constexpr int N = kRunLength<In>;
+  const std::int64_t runs = (numel + N - 1) / N;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  float running = 0.0f;
+  for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       base < runs; base += stride * kAmaxUnroll) {
+    float x[kAmaxUnroll][N];
+#pragma unroll
+    for (int u = 0; u < kAmaxUnroll; ++u) {
+      const std::int64_t offset = (base + u * stride) * N;
+      const int valid = valid_in_run(offset, numel, N);
+      load_run<In, N>(src, offset, valid, src_aligned && valid == N, x[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kAmaxUnroll; ++u)
+#pragma unroll
+      for (int k = 0; k < N; ++k) running = fmaxf(running, num::abs_f(x[u][k]));
+  }
+  const float block = block_max<kAmaxThreads>(running);
+  if (threadIdx.x == 0 && block > 0.0f) {
+    if (out0) atomic_max_nonnegative(out0, block);
+    if (out1) atomic_max_nonnegative(out1, block);
+  }
+}
+
+// Hadamard amax (bf16 source, rows % 16 == 0): one block per 64x64 tile. max |x| goes into
+// `plain` (nullable), the max over the transformed values of every 16x1 run into
+// `transformed`. Thread t transforms the run (column t / 4, rows 16 * (t % 4) ..) of the tile.
+struct HadamardAmaxParams {
+  const std::uint16_t* src;
+  std::int64_t rows, cols;
+  std::int64_t tiles_per_row;  // ceil(cols / Tile::kCols)
+  bool src_aligned;            // cols % 8 == 0 and src 16-byte aligned
+  float* plain;
+  float* transformed;
+};
+
+__global__ void __launch_bounds__(Tile::kThreads)
+    hadamard_amax_kernel(const HadamardAmaxParams p) {
+  __shared__ TileValues tile;
+  const std::int64_t row0 = (blockIdx.x / p.tiles_per_row) * Tile::kRows;
+  const std::int64_t col0 = (blockIdx.x % p.tiles_per_row) * Tile::kCols;
+  const float plain = load_tile<BF16In>(p.src, p.rows, p.cols, row0, col0, p.src_aligned, tile);
+  __syncthreads();
+
+  const int c = static_cast<int>(threadIdx.x) / Tile::kColBlocks;
+  const int i = static_cast<int>(threadIdx.x) % Tile::kColBlocks;
+  float transformed = 0.0f;
+  if (col0 + c < p.cols && row0 + i * kBlock < p.rows) {  // whole runs: rows % 16 == 0
+    float v[kBlock];
+#pragma unroll
+    for (int j = 0; j < kBlock; ++j) v[j] = tile[i * kBlock + j][c];
+    hadamard16_bf16(v);
+    transformed = block_stats(v).amax;
+  }
+  const float block_plain = block_max<Tile::kThreads>(plain);
+  const float block_transformed = block_max<Tile::kThreads>(transformed);
+  if (threadIdx.x == 0) {
+    if (p.plain && block_plain > 0.0f) atomic_max_nonnegative(p.plain, block_plain);
+    if (block_transformed > 0.0f) atomic_max_nonnegative(p.transformed, block_transformed);
+  }
+}
+
+// Quantize: one block per 64x64 tile, both requested directions (see the top of the file).
+struct QuantizeParams {
+  const void* src;
+  std::int64_t rows, cols;
+  std::int64_t tiles_per_row;  // ceil(cols / Tile::kCols)
+  bool src_aligned;            // cols % kRun == 0 and src 16-byte aligned
+  bool two_d, hadamard;
+  RandomStream random;  // stochastic rounding only (the kernel's kStochastic)
+  // Rowwise: data [rows, ceil(cols/2)], scales pitch row_spitch; null data: not requested.
+  std::uint8_t* row_data;
+  std::uint8_t* row_scales;
+  const float* row_amax;
+  std::int64_t row_pitch, row_spitch;
+  bool row_vector_ok;  // row_pitch % 8 == 0 and row_data 8-byte aligned
+  // Columnwise: data [cols, ceil(rows/2)], scales pitch col_spitch; null data: not requested.
+  std::uint8_t* col_data;
+  std::uint8_t* col_scales;
+  const float* col_amax;
+  std::int64_t col_pitch, col_spitch;
+  bool col_vector_ok;  // col_pitch % 8 == 0 and col_data 8-byte aligned
+};
+
+template <class In, bool kStochastic>
+__global__ void __launch_bounds__(Tile::kThreads) quantize_kernel(const QuantizeParams p) {
+  __shared__ TileValues tile;
+  // 2d only: the codes of the tile (rowwise order) and the scale of each 16x16 tile.
+  __shared__ alignas(4) std::uint8_t codes[Tile::kRows][Tile::kCodePitch];
+  __shared__ float row_block_amax[Tile::kRows][Tile::kRowBlocks];
+  __shared__ std::uint8_t tile_code[Tile::kColBlocks][Tile::kRowBlocks];
+
+  const bool want_row = p.row_data != nullptr, want_col = p.col_data != nullptr;
+  const std::int64_t row0 = (blockIdx.x / p.tiles_per_row) * Tile::kRows;
+  const std::int64_t col0 = (blockIdx.x % p.tiles_per_row) * Tile::kCols;
+  load_tile<In>(static_cast<const typename In::Storage*>(p.src), p.rows, p.cols, row0, col0,
+                p.src_aligned, tile);
+  __syncthreads();
+
+  // Rowwise side: thread t owns the 1x16 block (tile row r, block b).
+  {
+    const int r = static_cast<int>(threadIdx.x) / Tile::kRowBlocks;
+    const int b = static_cast<int>(threadIdx.x) % Tile::kRowBlocks;
+    const std::int64_t row = row0 + r, col = col0 + b * kBlock;
+    const int valid = row < p.rows ? valid_in_run(col, p.cols, kBlock) : 0;
+    float v[kBlock];
+#pragma unroll
+    for (int j = 0; j < kBlock; ++j) v[j] = tile[r][b * kBlock + j];
+    const auto first_index = static_cast<std::uint64_t>(row * p.cols + col);
+    std::uint8_t q[kBlock];
+    if (p.two_d) {
+      // One tensor amax for both directions (equal buffers; rowwise when requested).
+      const float s_enc = rules::encode_scale(want_row ? *p.row_amax : *p.col_amax);
+      const float s_dec = 1.0f / s_enc;
+      const BlockStats s = block_stats(v);  // padding reads 0: no effect on amax or NaN
+      row_block_amax[r][b] = s.amax;
+      __syncthreads();
+      const int tile_r0 = (r / kBlock) * kBlock;
+      float amax = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kBlock; ++k) amax = fmaxf(amax, row_block_amax[tile_r0 + k][b]);
+      const std::uint8_t code = rules::block_scale_code(amax, s_enc);
+      if (r % kBlock == 0) tile_code[r / kBlock][b] = code;
+      encode_block<kStochastic>(v, rules::element_encode_factor(code, s_dec), p.random,
+                                first_index, q);
+#pragma unroll
+      for (int w = 0; w < kBlock / 4; ++w)
+        *reinterpret_cast<std::uint32_t*>(&codes[r][b * kBlock + 4 * w]) =
+            q[4 * w] | (q[4 * w + 1] << 8) | (q[4 * w + 2] << 16) |
+            (static_cast<std::uint32_t>(q[4 * w + 3]) << 24);
+      if (want_row && valid > 0) {
+        store_packed(p.row_data + row * p.row_pitch + col / 2, q, valid, p.row_vector_ok);
+        p.row_scales[row * p.row_spitch + col / kBlock] = s.has_nan ? rules::kNanScaleCode : code;
+      }
+      __syncthreads();  // codes and tile_code are read by the columnwise side
+    } else if (want_row && valid > 0) {
+      const float s_enc = rules::encode_scale(*p.row_amax);
+      const float s_dec = 1.0f / s_enc;
+      const std::uint8_t scale =
+          quantize_block<kStochastic>(v, s_enc, s_dec, p.random, first_index, q);
+      store_packed(p.row_data + row * p.row_pitch + col / 2, q, valid, p.row_vector_ok);
+      p.row_scales[row * p.row_spitch + col / kBlock] = scale;
+    }
+  }
+  if (!want_col) return;
+
+  // Columnwise side: thread t owns the 16x1 block (tile column c, block i), which is data
+  // row col0 + c, elements row0 + 16i .. of the transposed [cols, rows] output.
+  const int c = static_cast<int>(threadIdx.x) / Tile::kColBlocks;
+  const int i = static_cast<int>(threadIdx.x) % Tile::kColBlocks;
+  const std::int64_t col = col0 + c, row = row0 + i * kBlock;
+  const int valid = col < p.cols ? valid_in_run(row, p.rows, kBlock) : 0;
+  if (valid == 0) return;
+  float v[kBlock];
+#pragma unroll
+  for (int j = 0; j < kBlock; ++j) v[j] = tile[i * kBlock + j][c];
+  std::uint8_t q[kBlock];
+  std::uint8_t scale;
+  if (p.two_d) {
+    // The codes are the rowwise ones, transposed; only the NaN mark is this block's own.
+#pragma unroll
+    for (int j = 0; j < kBlock; ++j) q[j] = codes[i * kBlock + j][c];  // 0 past the edge
+    scale = block_stats(v).has_nan ? rules::kNanScaleCode : tile_code[i][c / kBlock];
+  } else {
+    if (p.hadamard) hadamard16_bf16(v);  // a whole run: rows % 16 == 0 was checked
+    const float s_enc = rules::encode_scale(*p.col_amax);
+    const float s_dec = 1.0f / s_enc;
+    scale = quantize_block<kStochastic>(v, s_enc, s_dec, p.random,
+                                        static_cast<std::uint64_t>(col * p.rows + row), q);
+  }
+  store_packed(p.col_data + col * p.col_pitch + row / 2, q, valid, p.col_vector_ok);
+  p.col_scales[col * p.col_spitch + row / kBlock] = scale;
+}
+
+// Dequantize: one logical output element per thread (grid-stride), so the writes are
+// coalesced; the columnwise data is read transposed (a gather). Not a hot path.
+constexpr int kDequantizeThreads = 256;
+constexpr int kDequantizeMaxBlocks = 8192;
+
+struct DequantizeParams {
+  const std::uint8_t* data;
+  const std::uint8_t* scales;
+  const float* amax;
+  std::int64_t rows, cols;  // logical
+  bool transposed;
+  std::int64_t pitch, spitch;  // of the data matrix ([cols, rows] when transposed)
+  void* dst;
+  qr_dtype dst_dtype;
+};
+
+__global__ void __launch_bounds__(kDequantizeThreads)
+    dequantize_kernel(const DequantizeParams p) {
+  const float s_dec = rules::decode_scale(*p.amax);
+  const std::int64_t numel = p.rows * p.cols;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       e < numel; e += stride) {
+    const std::int64_t r = e / p.cols, c = e % p.cols;
+    const std::int64_t i = p.transposed ? c : r;  // data row
+    const std::int64_t j = p.transposed ? r : c;  // element within it
+    const std::uint8_t q = static_cast<std::uint8_t>((p.data[i * p.pitch + j / 2] >> ((j & 1) * 4)) & 0xFu);
+    const float v = rules::decode_element(q, p.scales[i * p.spitch + j / kBlock], s_dec);
+    if (p.dst_dtype == QR_DTYPE_F32) static_cast<float*>(p.dst)[e] = v;
+    else if (p.dst_dtype == QR_DTYPE_BF16) static_cast<std::uint16_t*>(p.dst)[e] = num::f32_to_bf16(v);
+    else static_cast<std::uint16_t*>(p.dst)[e] = num::f32_to_f16(v);
+  }
+}
+
+// Caller-reduced amaxes into the direction buffers (either pointer may be null).
+__global__ void fill_amax_kernel(float* dst0, float value0, float* dst1, float value1) {
+  if (dst0) *dst0 = value0;
+  if (dst1) *dst1 = value1;
+}
+
+// ---------------------------------------------------------------- 4. launchers, entries
+
+bool is_aligned(const void* p, std::size_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// Bytes of one packed data row and the pitch of a scale array (nvfp4_ref.hpp layouts).
+std::int64_t packed_pitch(std::int64_t data_cols) { return ceil_div(data_cols, 2); }
+std::int64_t scale_pitch(std::int64_t data_cols) { return ceil_div(ceil_div(data_cols, kBlock), 4) * 4; }
+
+int sm_count() {
+  int device = 0, count = 0;
+  QR_CUDA_CHECK(cudaGetDevice(&device));
+  QR_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+void check_source_dtype(qr_dtype dtype, const char* entry) {
+  QR_CHECK_CODE(dtype == QR_DTYPE_F32 || dtype == QR_DTYPE_BF16 || dtype == QR_DTYPE_F16,
+                QR_STATUS_UNSUPPORTED, "nvfp4 CUDA ", entry, ": source dtype code ",
+                static_cast<int>(dtype), " is not f32, bf16 or f16; convert the tensor first");
+}
+
+// Tiles of 64x64 over [rows, cols] (one CUDA block each), checked against the grid limit.
+unsigned tile_grid(std::int64_t rows, std::int64_t cols, std::int64_t& tiles_per_row,
+                   const char* entry) {
+  tiles_per_row = ceil_div(cols, Tile::kCols);
+  const std::int64_t tiles = ceil_div(rows, Tile::kRows) * tiles_per_row;
+  QR_CHECK(tiles >= 1 && tiles <= INT_MAX, "nvfp4 CUDA ", entry, ": ", rows, " x ", cols,
+           " needs ", tiles, " tiles of ", Tile::kRows, "x", Tile::kCols, "; expected 1..",
+           INT_MAX, " (split the tensor)");
+  return static_cast<unsigned>(tiles);
+}
+
+template <class In>
+void launch_amax(const void* src, std::int64_t numel, float* out0, float* out1,
+                 cudaStream_t stream) {
+  using Storage = typename In::Storage;
+  constexpr int N = kRunLength<In>;
+  // Enough blocks to fill every SM once; the grid-stride loop covers the rest.
+  const std::int64_t runs = ceil_div(numel, N);
+  std::int64_t blocks = ceil_div(runs, static_cast<std::int64_t>(kAmaxThreads) * kAmaxUnroll);
+  const std::int64_t max_blocks = static_cast<std::int64_t>(sm_count()) * kAmaxBlocksPerSM;
+  blocks = blocks < 1 ? 1 : (blocks > max_blocks ? max_blocks : blocks);
+  amax_kernel<In><<<static_cast<unsigned>(blocks), kAmaxThreads, 0, stream>>>(
+      static_cast<const Storage*>(src), numel, is_aligned(src, 16), out0, out1);
+  QR_CUDA_CHECK_LAUNCH("amax_kernel");
+}
+
+// max |x| into out0 and out1 (each nullable; both receive the same value).
+void plain_amax(const void* src, qr_dtype dtype, std::int64_t numel, float* out0, float* out1,
+                cudaStream_t stream) {
+  switch (dtype) {
+    case QR_DTYPE_F32: launch_amax<F32In>(src, numel, out0, out1, stream); break;
+    case QR_DTYPE_BF16: launch_amax<BF16In>(src, numel, out0, out1, stream); break;
+    default: launch_amax<F16In>(src, numel, out0, out1, stream); break;
+  }
+}
+
+void hadamard_amax(const void* src, qr_dtype dtype, std::int64_t rows, std::int64_t cols,
+                   float* plain, float* transformed, cudaStream_t stream) {
+  QR_CHECK_CODE(dtype == QR_DTYPE_BF16 && rows % kBlock == 0, QR_STATUS_UNSUPPORTED,
+                "nvfp4 CUDA hadamard amax: needs a bf16 source with rows % 16 == 0; got dtype "
+                "code ", static_cast<int>(dtype), ", ", rows, " rows");
+  HadamardAmaxParams p{};
+  p.src = static_cast<const std::uint16_t*>(src);
+  p.rows = rows;
+  p.cols = cols;
+  p.src_aligned = cols % TileLoad<BF16In>::kRun == 0 && is_aligned(src, 16);
+  p.plain = plain;
+  p.transformed = transformed;
+  const unsigned blocks = tile_grid(rows, cols, p.tiles_per_row, "hadamard amax");
+  hadamard_amax_kernel<<<blocks, Tile::kThreads, 0, stream>>>(p);
+  QR_CUDA_CHECK_LAUNCH("hadamard_amax_kernel");
+}
+
+void zero_amax(float* amax, cudaStream_t stream) {
+  if (amax) QR_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
+}
+
+template <class In>
+void launch_quantize(const QuantizeParams& p, bool stochastic, unsigned blocks,
+                     cudaStream_t stream) {
+  if (stochastic)
+    quantize_kernel<In, true><<<blocks, Tile::kThreads, 0, stream>>>(p);
+  else
+    quantize_kernel<In, false><<<blocks, Tile::kThreads, 0, stream>>>(p);
+  QR_CUDA_CHECK_LAUNCH("quantize_kernel");
+}
+
+}  // namespace
+
+void compute_amax_to_host(const void* src, qr_dtype src_dtype, std::int64_t rows,
+                          std::int64_t cols, bool hadamard, float amax_out[2], int device_index,
+                          void* stream) {
+  check_source_dtype(src_dtype, "compute_amax");
+  QR_CHECK(rows >= 0 && cols >= 0, "nvfp4 CUDA compute_amax: negative shape ", rows, " x ",
+           cols);
+  QR_CHECK(rows * cols == 0 || src != nullptr,
+           "nvfp4 CUDA compute_amax: the source has a null data pointer");
+  DeviceGuard guard(device_index);
+  const cudaStream_t s = as_stream(stream);
+  // A stream-ordered temporary [plain, transformed], freed on every path.
+  struct Scratch {
+    float* ptr = nullptr;
+    cudaStream_t stream;
+    ~Scratch() {
+      if (ptr) cudaFreeAsync(ptr, stream);
+    }
+  } scratch{nullptr, s};
+  QR_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&scratch.ptr), 2 * sizeof(float), s));
+  QR_CUDA_CHECK(cudaMemsetAsync(scratch.ptr, 0, 2 * sizeof(float), s));
+  if (rows * cols > 0) {
+    if (hadamard)
+      hadamard_amax(src, src_dtype, rows, cols, scratch.ptr, scratch.ptr + 1, s);
+    else
+      plain_amax(src, src_dtype, rows * cols, scratch.ptr, scratch.ptr + 1, s);
+  }
+  float host[2] = {0.0f, 0.0f};
+  QR_CUDA_CHECK(cudaMemcpyAsync(host, scratch.ptr, sizeof host, cudaMemcpyDeviceToHost, s));
+  QR_CUDA_CHECK(cudaStreamSynchronize(s));
+  amax_out[0] = host[0];
+  amax_out[1] = host[1];
+}
+
+void quantize(const QuantizeArgs& a) {
+  check_source_dtype(a.src_dtype, "quantize");
+  QR_CHECK(a.rows >= 0 && a.cols >= 0, "nvfp4 CUDA quantize: negative shape ", a.rows, " x ",
+           a.cols);
+  QR_CHECK(a.rowwise || a.columnwise, "nvfp4 CUDA quantize: no direction requested");
+  const std::int64_t numel = a.rows * a.cols;
+  QR_CHECK(numel == 0 || a.src != nullptr, "nvfp4 CUDA quantize: the source has a null data "
+           "pointer");
+  for (const DirectionBuffers* d : {a.rowwise, a.columnwise})
+    QR_CHECK(!d || (d->amax != nullptr && (numel == 0 || (d->data && d->scales))),
+             "nvfp4 CUDA quantize: a requested direction lacks its data, scale or amax buffer");
+  QR_CHECK(!(a.hadamard && a.two_d), "nvfp4 CUDA quantize: hadamard and 2d cannot be combined");
+  QR_CHECK_CODE(!a.hadamard || !a.columnwise ||
+                    (a.src_dtype == QR_DTYPE_BF16 && a.rows % kBlock == 0),
+                QR_STATUS_UNSUPPORTED, "nvfp4 CUDA quantize: hadamard needs a bf16 source with "
+                "rows % 16 == 0 (checked by the plugin before this call)");
+
+  DeviceGuard guard(a.device_index);
+  const cudaStream_t s = as_stream(a.stream);
+  float* row_amax = a.rowwise ? a.rowwise->amax : nullptr;
+  float* col_amax = a.columnwise ? a.columnwise->amax : nullptr;
+
+  // Pass 1: the tensor amax of each requested direction, in its amax buffer.
+  if (a.given_amax) {
+    // 2d stores one tensor amax, the rowwise entry (equal to the columnwise one by value;
+    // copying it keeps -0 / +0 as the reference stores them).
+    const float col_value = a.two_d ? a.given_amax[0] : a.given_amax[1];
+    fill_amax_kernel<<<1, 1, 0, s>>>(row_amax, a.given_amax[0], col_amax, col_value);
+    QR_CUDA_CHECK_LAUNCH("fill_amax_kernel");
+  } else {
+    zero_amax(row_amax, s);
+    zero_amax(col_amax, s);
+    if (numel > 0) {
+      if (a.hadamard && col_amax)
+        hadamard_amax(a.src, a.src_dtype, a.rows, a.cols, row_amax, col_amax, s);
+      else
+        plain_amax(a.src, a.src_dtype, numel, row_amax, col_amax, s);
+    }
+  }
+  if (numel == 0) return;
+
+  // Pass 2: both directions per tile.
+  QuantizeParams p{};
+  p.src = a.src;
+  p.rows = a.rows;
+  p.cols = a.cols;
+  const int run = a.src_dtype == QR_DTYPE_F32 ? kRunLength<F32In> : kRunLength<BF16In>;
+  p.src_aligned = a.cols % run == 0 && is_aligned(a.src, 16);
+  p.two_d = a.two_d;
+  p.hadamard = a.hadamard;
+  p.random = RandomStream{a.seed, a.call_offset};
+  if (a.rowwise) {
+    p.row_data = a.rowwise->data;
+    p.row_scales = a.rowwise->scales;
+    p.row_amax = a.rowwise->amax;
+    p.row_pitch = packed_pitch(a.cols);
+    p.row_spitch = scale_pitch(a.cols);
+    p.row_vector_ok = p.row_pitch % 8 == 0 && is_aligned(p.row_data, 8);
+  }
+  if (a.columnwise) {
+    p.col_data = a.columnwise->data;
+    p.col_scales = a.columnwise->scales;
+    p.col_amax = a.columnwise->amax;
+    p.col_pitch = packed_pitch(a.rows);
+    p.col_spitch = scale_pitch(a.rows);
+    p.col_vector_ok = p.col_pitch % 8 == 0 && is_aligned(p.col_data, 8);
+  }
+  const unsigned blocks = tile_grid(a.rows, a.cols, p.tiles_per_row, "quantize");
+  switch (a.src_dtype) {
+    case QR_DTYPE_F32: launch_quantize<F32In>(p, a.stochastic_rounding, blocks, s); break;
+    case QR_DTYPE_BF16: launch_quantize<BF16In>(p, a.stochastic_rounding, blocks, s); break;
+    default: launch_quantize<F16In>(p, a.stochastic_rounding, blocks, s); break;
+  }
+}
+
+void dequantize(const std::uint8_t* data, const std::uint8_t* scales, const float* amax,
+                std::int64_t rows, std::int64_t cols, bool transposed, void* dst,
+                qr_dtype dst_dtype, int device_index, void* stream) {
+  QR_CHECK_CODE(dst_dtype == QR_DTYPE_F32 || dst_dtype == QR_DTYPE_BF16 ||
+                    dst_dtype == QR_DTYPE_F16,
+                QR_STATUS_UNSUPPORTED, "nvfp4 CUDA dequantize: output dtype code ",
+                static_cast<int>(dst_dtype), " is not f32, bf16 or f16");
+  QR_CHECK(rows >= 0 && cols >= 0, "nvfp4 CUDA dequantize: negative shape ", rows, " x ", cols);
+  const std::int64_t numel = rows * cols;
+  if (numel == 0) return;
+  QR_CHECK(data && scales && amax && dst, "nvfp4 CUDA dequantize: a null data, scale, amax or "
+           "destination pointer");
+  DeviceGuard guard(device_index);
+  DequantizeParams p{};
+  p.data = data;
+  p.scales = scales;
+  p.amax = amax;
+  p.rows = rows;
+  p.cols = cols;
+  p.transposed = transposed;
+  const std::int64_t data_cols = transposed ? rows : cols;
+  p.pitch = packed_pitch(data_cols);
+  p.spitch = scale_pitch(data_cols);
+  p.dst = dst;
+  p.dst_dtype = dst_dtype;
+  std::int64_t blocks = ceil_div(numel, kDequantizeThreads);
+  blocks = blocks > kDequantizeMaxBlocks ? kDequantizeMaxBlocks : blocks;
+  dequantize_kernel<<<static_cast<unsigned>(blocks), kDequantizeThreads, 0, as_stream(stream)>>>(p);
+  QR_CUDA_CHECK_LAUNCH("dequantize_kernel");
+}
+
+}  // namespace qrecipe::nvfp4::cuda

@@ -1,0 +1,310 @@
+// qrecipe._C: the pybind11 face of the engine for the PyTorch adapter (python/qrecipe).
+//
+// Map of this file:
+//   exceptions       qrecipe::Error -> qrecipe.QrecipeError, RecipeError -> qrecipe.RecipeError
+//   Recipe           parse / load / check / validate a recipe (engine messages, file:line:col)
+//   Registry         the loaded plugins and the search path (for `qrecipe.plugins()`)
+//   Engine           one per recipe: resolve roles, plan linear layers, delayed-scaling update
+//   Quantizer        a resolved quantizer: quantize a torch tensor, describe itself
+//   QuantizedTensor  bytes and scales per direction as torch tensors aliasing engine buffers
+//   gemm             the engine GEMM on quantized or high-precision operands into a torch tensor
+//
+// The Python package adds the torch-facing behaviour (autograd, modules, autocast); this file
+// only translates types, so every numeric decision stays in the engine and the plugins.
+#include <torch/csrc/utils/pybind.h>  // pybind11 with the at::Tensor caster
+
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "qrecipe/engine.hpp"
+#include "qrecipe/gemm.hpp"
+#include "qrecipe/recipe.hpp"
+#include "qrecipe/registry.hpp"
+#include "torch_interop.hpp"
+
+namespace py = pybind11;
+
+namespace qrecipe::python {
+namespace {
+
+qr_direction parse_direction(const std::string& name) {
+  if (name == "rowwise") return QR_DIRECTION_ROWWISE;
+  if (name == "columnwise") return QR_DIRECTION_COLUMNWISE;
+  QR_THROW("direction '", name, "' is not known; expected 'rowwise' or 'columnwise'");
+}
+
+// A quantizer plus the engine whose scaling state it may reference (it must not outlive it).
+struct PyQuantizer {
+  std::shared_ptr<Engine> engine;
+  std::shared_ptr<Quantizer> quantizer;
+};
+
+// A quantized tensor plus the quantizer that decodes it. The C++ tensor is shared with every
+// torch tensor aliasing its buffers.
+struct PyQuantized {
+  std::shared_ptr<QuantizedTensor> tensor;
+  PyQuantizer quantizer;
+
+  const qr_direction_data& direction(const std::string& name) const {
+    return tensor->direction(parse_direction(name));
+  }
+  std::optional<at::Tensor> buffer(const qr_tensor_view& view) const {
+    if (view.data == nullptr) return std::nullopt;
+    return alias_tensor(TensorView(view), tensor);
+  }
+};
+
+py::dict layout_dict(const qr_direction_layout& l) {
+  py::dict d;
+  d["format"] = l.format ? std::string(l.format) : std::string();
+  d["data_dtype"] = std::string(dtype_name(static_cast<DType>(l.data_dtype)));
+  d["data_shape"] = std::vector<std::int64_t>(l.data_shape, l.data_shape + l.data_ndim);
+  d["data_transposed"] = l.data_transposed != 0;
+  static const char* const kScaleModes[] = {"none", "tensor", "block", "block+tensor"};
+  d["scale_mode"] = (l.scale_mode >= 0 && l.scale_mode < 4) ? kScaleModes[l.scale_mode] : "unknown";
+  d["scale_dtype"] = std::string(dtype_name(static_cast<DType>(l.scale_dtype)));
+  d["scale_shape"] = std::vector<std::int64_t>(l.scale_shape, l.scale_shape + l.scale_ndim);
+  d["scale_transposed"] = l.scale_transposed != 0;
+  d["block"] = py::make_tuple(l.block_rows, l.block_cols);
+  d["has_amax"] = l.has_amax != 0;
+  return d;
+}
+
+py::object quantizer_or_none(const std::shared_ptr<Engine>& engine,
+                             const std::shared_ptr<Quantizer>& q) {
+  if (!q) return py::none();
+  return py::cast(PyQuantizer{engine, q});
+}
+
+PyQuantized quantize(const PyQuantizer& q, const at::Tensor& src, std::uint32_t usage,
+                     std::optional<std::uint64_t> rng_offset) {
+  const TensorView view = to_view(src, "tensor to quantize");
+  QuantizeOptions options;
+  options.rng_offset = rng_offset;
+  QuantizedTensor out;
+  {
+    py::gil_scoped_release no_gil;
+    out = q.quantizer->quantize(view, usage, options, torch_allocator());
+  }
+  return PyQuantized{std::make_shared<QuantizedTensor>(std::move(out)), q};
+}
+
+// One GEMM operand from Python: a QuantizedTensor or a high-precision torch tensor.
+GemmOperand make_operand(const py::handle& obj, const std::string& direction, const char* what) {
+  const qr_direction d = parse_direction(direction);
+  if (py::isinstance<PyQuantized>(obj)) {
+    const auto& q = obj.cast<const PyQuantized&>();
+    return GemmOperand::quantized(*q.tensor, *q.quantizer.quantizer, d);
+  }
+  const auto t = obj.cast<at::Tensor>();
+  QR_CHECK(t.dim() == 2, "GEMM ", what, " must be 2-D, got shape ", t.sizes());
+  return GemmOperand::dense(to_view(t, what), d);
+}
+
+GemmKind parse_gemm_kind(const std::string& name) {
+  for (GemmKind k : {GemmKind::fprop, GemmKind::dgrad, GemmKind::wgrad})
+    if (name == gemm_kind_name(k)) return k;
+  QR_THROW("GEMM kind '", name, "' is not known; expected 'fprop', 'dgrad' or 'wgrad'");
+}
+
+void gemm(const py::object& a, const std::string& direction_a, const py::object& b,
+          const std::string& direction_b, const at::Tensor& out, bool accumulate, float alpha,
+          const std::optional<std::string>& kind) {
+  const GemmOperand oa = make_operand(a, direction_a, "operand A");
+  const GemmOperand ob = make_operand(b, direction_b, "operand B");
+  const TensorView vout = to_view(out, "GEMM output");
+  GemmOptions options;
+  options.accumulate = accumulate;
+  options.alpha = alpha;
+  // Which GEMM of a linear layer: decides a native FP8 GEMM's accumulation (fast for fprop).
+  if (kind) options.kind = parse_gemm_kind(*kind);
+  py::gil_scoped_release no_gil;
+  qrecipe::gemm(oa, ob, vout, options);
+}
+
+at::Tensor dequantize(const PyQuantized& q, const std::string& direction, at::ScalarType dtype) {
+  QR_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
+           "dequantize decodes to torch.float32 or torch.bfloat16, got ", c10::toString(dtype));
+  const qr_direction d = parse_direction(direction);
+  const auto& data = q.tensor->direction(d).data;  // throws if the direction is absent
+  const at::Tensor out = at::empty(
+      {q.tensor->rows(), q.tensor->cols()},
+      at::TensorOptions().dtype(dtype).device(torch_device(Device::from_c(data.device))));
+  py::gil_scoped_release no_gil;
+  q.quantizer.quantizer->dequantize(*q.tensor, d, to_view(out, "dequantize output"));
+  return out;
+}
+
+py::list scaling_states(const Engine& engine) {
+  py::list out;
+  for (const auto& s : engine.scaling_states()) {
+    py::dict d;
+    d["owner"] = s->owner;
+    d["history_len"] = s->c.history_len;
+    d["margin"] = s->request.margin;
+    d["fp8_max"] = s->request.fp8_max;
+    if (s->c.device.type == QR_DEVICE_CPU) {
+      const float* history = s->c.amax_history;
+      d["amax_history"] = std::vector<float>(history, history + s->c.history_len);
+      d["scale"] = *s->c.scale;
+      d["scale_inv"] = *s->c.scale_inv;
+    }
+    out.append(d);
+  }
+  return out;
+}
+
+}  // namespace
+
+void bind(py::module_& m) {
+  // Exceptions: RecipeError is registered last so its translator is tried first.
+  static py::exception<Error> qrecipe_error(m, "QrecipeError", PyExc_RuntimeError);
+  static py::exception<RecipeError> recipe_error(m, "RecipeError", qrecipe_error.ptr());
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const RecipeError& e) {
+      py::set_error(recipe_error, e.what());
+    } catch (const Error& e) {
+      py::set_error(qrecipe_error, e.what());
+    }
+  });
+
+  py::class_<Recipe, std::shared_ptr<Recipe>>(m, "Recipe")
+      .def_static("parse", [](const std::string& text, const std::string& source) {
+        return std::make_shared<Recipe>(Recipe::parse(text, source));
+      }, py::arg("text"), py::arg("source_name") = "<string>")
+      .def_static("load", [](const std::string& path) {
+        return std::make_shared<Recipe>(Recipe::load(path));
+      }, py::arg("path"))
+      .def_property_readonly("name", &Recipe::name)
+      .def_property_readonly("version", &Recipe::version)
+      .def_property_readonly("source", &Recipe::source)
+      .def_property_readonly("validated", &Recipe::validated)
+      .def("check", [](const Recipe& r) {
+        std::vector<std::string> problems;
+        for (const auto& e : r.check(*Registry::shared())) problems.emplace_back(e.what());
+        return problems;
+      }, "Every validation problem against the loaded plugins (empty list: valid).")
+      .def("validate", [](Recipe& r) { r.validate(*Registry::shared()); })
+      .def("resolve", [](const Recipe& r, const std::string& module_type,
+                         const std::string& tensor_type, const std::string& name) {
+        return r.resolve(QuantizerRole{module_type, tensor_type, name}).str();
+      }, py::arg("module_type"), py::arg("tensor_type"), py::arg("name") = "")
+      .def("rules", [](const Recipe& r) {
+        std::vector<std::pair<std::string, std::string>> out;
+        for (const auto& rule : r.rules()) out.emplace_back(rule.match.str(), rule.quantizer.str());
+        out.emplace_back("defaults", r.defaults().str());
+        return out;
+      });
+
+  m.def("plugins", [] {
+    py::list out;
+    for (const auto& p : Registry::shared()->plugins()) {
+      py::dict d;
+      d["name"] = p->name();
+      d["version"] = p->version();
+      d["path"] = p->path();
+      d["devices"] = p->devices_str();
+      d["description"] = p->description();
+      out.append(d);
+    }
+    return out;
+  }, "The format plugins the shared registry loaded.");
+  m.def("plugin_search_path", [] {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const auto& e : Registry::shared()->search_path()) out.emplace_back(e.origin, e.path);
+    return out;
+  });
+  m.def("plugin_failures", [] {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const auto& f : Registry::shared()->failures()) out.emplace_back(f.path, f.cause);
+    return out;
+  });
+
+  py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
+      .def(py::init([](const Recipe& recipe) {
+        return std::make_shared<Engine>(recipe, Registry::shared(), torch_allocator());
+      }), py::arg("recipe"))
+      .def_property_readonly("recipe_name", [](const Engine& e) { return e.recipe().name(); })
+      .def("resolve", [](const std::shared_ptr<Engine>& e, const std::string& module_type,
+                         const std::string& tensor_type, const std::string& name) {
+        return quantizer_or_none(e, e->resolve(QuantizerRole{module_type, tensor_type, name}));
+      }, py::arg("module_type"), py::arg("tensor_type"), py::arg("name") = "")
+      .def("plan_linear", [](const std::shared_ptr<Engine>& e, const std::string& module_type,
+                             const std::string& name, std::int64_t in_features,
+                             std::int64_t out_features, std::int64_t tokens) {
+        const LinearPlan p = e->plan_linear(module_type, name, in_features, out_features, tokens,
+                                            GemmTarget::cpu);
+        py::dict d;
+        d["input"] = quantizer_or_none(e, p.input_q);
+        d["weight"] = quantizer_or_none(e, p.weight_q);
+        d["grad_output"] = quantizer_or_none(e, p.grad_output_q);
+        for (const auto* g : {&p.fprop, &p.dgrad, &p.wgrad})
+          d[gemm_kind_name(g->kind)] = g->a.str() + " x " + g->b.str() + ": " + g->plan.str();
+        return d;
+      }, py::arg("module_type"), py::arg("name"), py::arg("in_features"),
+         py::arg("out_features"), py::arg("tokens"))
+      .def("update_scaling", [](Engine& e) { e.update_scaling(); })
+      .def("update_scaling_with", [](Engine& e, const std::vector<float>& amaxes) {
+        e.update_scaling(amaxes);
+      }, py::arg("reduced_amaxes"))
+      .def("current_amaxes", &Engine::current_amaxes)
+      .def("scaling_states", &scaling_states);
+
+  py::class_<PyQuantizer>(m, "Quantizer")
+      .def_property_readonly("format", [](const PyQuantizer& q) { return q.quantizer->format(); })
+      .def_property_readonly("role", [](const PyQuantizer& q) { return q.quantizer->role().str(); })
+      .def_property_readonly("spec", [](const PyQuantizer& q) { return q.quantizer->spec().str(); })
+      .def("describe", [](const PyQuantizer& q) { return q.quantizer->describe(); })
+      .def("layout", [](const PyQuantizer& q, std::int64_t rows, std::int64_t cols,
+                        const std::string& direction) {
+        return layout_dict(q.quantizer->layout(rows, cols, parse_direction(direction)));
+      })
+      .def("quantize", &quantize, py::arg("tensor"), py::arg("usage"),
+           py::arg("rng_offset") = std::nullopt);
+
+  py::class_<PyQuantized>(m, "QuantizedTensor")
+      .def_property_readonly("format", [](const PyQuantized& q) { return q.tensor->format(); })
+      .def_property_readonly("rows", [](const PyQuantized& q) { return q.tensor->rows(); })
+      .def_property_readonly("cols", [](const PyQuantized& q) { return q.tensor->cols(); })
+      .def_property_readonly("usage",
+                             [](const PyQuantized& q) { return usage_str(q.tensor->usage()); })
+      .def_property_readonly("quantizer", [](const PyQuantized& q) { return q.quantizer; })
+      .def("has", [](const PyQuantized& q, const std::string& d) {
+        return q.tensor->has(parse_direction(d));
+      })
+      .def("layout", [](const PyQuantized& q, const std::string& d) {
+        return layout_dict(q.direction(d).layout);
+      })
+      .def("data", [](const PyQuantized& q, const std::string& d) {
+        return q.buffer(q.direction(d).data);
+      })
+      .def("scale_inv", [](const PyQuantized& q, const std::string& d) {
+        return q.buffer(q.direction(d).scale_inv);
+      })
+      .def("amax", [](const PyQuantized& q, const std::string& d) {
+        return q.buffer(q.direction(d).amax);
+      })
+      .def("drop", [](PyQuantized& q, const std::string& d) { q.tensor->drop(parse_direction(d)); })
+      .def("dequantize", &dequantize, py::arg("direction"), py::arg("dtype"));
+
+  m.def("gemm", &gemm, py::arg("a"), py::arg("direction_a"), py::arg("b"),
+        py::arg("direction_b"), py::arg("out"), py::arg("accumulate") = false,
+        py::arg("alpha") = 1.0f, py::arg("kind") = std::nullopt,
+        "out = alpha * opA . opB^T (+ out): see engine/include/qrecipe/gemm.hpp. kind: "
+        "'fprop', 'dgrad' or 'wgrad' when the GEMM belongs to a linear layer");
+  m.def("live_allocations", [] { return torch_allocator()->live_allocations(); },
+        "Buffers the adapter's torch-backed allocator holds now (for leak tests).");
+}
+
+}  // namespace qrecipe::python
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "qrecipe engine bindings for the PyTorch adapter";
+  qrecipe::python::bind(m);
+}

@@ -1,0 +1,106 @@
+// Zero-copy bridges between torch tensors and qrecipe (see torch_interop.hpp).
+#include "torch_interop.hpp"
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "qrecipe/error.hpp"
+
+namespace qrecipe::python {
+
+DType engine_dtype(at::ScalarType type, const char* what) {
+  switch (type) {
+    case at::kFloat: return DType::f32;
+    case at::kBFloat16: return DType::bf16;
+    case at::kHalf: return DType::f16;
+    case at::kByte: return DType::u8;
+    default:
+      QR_THROW(what, " has dtype ", c10::toString(type),
+               "; qrecipe takes torch.float32, torch.bfloat16 or torch.float16 tensors "
+               "(convert with .to(torch.bfloat16) or .float())");
+  }
+}
+
+at::ScalarType storage_dtype(DType type) {
+  switch (type) {
+    case DType::f32: return at::kFloat;
+    case DType::bf16: return at::kBFloat16;
+    case DType::f16: return at::kHalf;
+    case DType::f64: return at::kDouble;
+    default: return at::kByte;  // e4m3, e5m2, e2m1 (packed), e8m0, u8
+  }
+}
+
+at::Device torch_device(Device device) {
+  if (device.is_cpu()) return at::Device(at::kCPU);
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index));
+}
+
+Device engine_device(const at::Device& device, const char* what) {
+  if (device.is_cpu()) return Device::cpu();
+  if (device.is_cuda()) return Device::cuda(device.has_index() ? device.index() : 0);
+  QR_THROW(what, " lives on ", device.str(), "; qrecipe works on cpu and cuda tensors");
+}
+
+TensorView to_view(const at::Tensor& t, const char* what) {
+  QR_CHECK(t.defined(), what, " is an undefined tensor");
+  QR_CHECK(t.is_contiguous(), what, " of shape ", t.sizes(),
+           " is not contiguous; call .contiguous() first");
+  const DType dtype = engine_dtype(t.scalar_type(), what);
+  const Device device = engine_device(t.device(), what);
+  std::vector<std::int64_t> shape(t.sizes().begin(), t.sizes().end());
+  return TensorView(t.data_ptr(), dtype, shape, device);
+}
+
+at::Tensor alias_tensor(const TensorView& view, std::shared_ptr<const void> owner) {
+  std::vector<std::int64_t> sizes = view.shape();
+  if (dtype_bits(view.dtype()) == 4 && !sizes.empty())
+    sizes.back() = (sizes.back() + 1) / 2;  // packed two per byte
+  const auto options =
+      at::TensorOptions().dtype(storage_dtype(view.dtype())).device(torch_device(view.device()));
+  return at::from_blob(
+      view.data(), sizes, [keep = std::move(owner)](void*) mutable { keep.reset(); }, options);
+}
+
+void* TorchAllocator::allocate(std::size_t bytes, Device device) {
+  // Over-allocate so the pointer handed out can be rounded up to kAlignment (torch's CPU
+  // allocator only guarantees 64 bytes).
+  const auto options = at::TensorOptions().dtype(at::kByte).device(torch_device(device));
+  at::Tensor t = at::empty({static_cast<std::int64_t>(bytes + kAlignment)}, options);
+  const auto base = reinterpret_cast<std::uintptr_t>(t.data_ptr());
+  const std::uintptr_t mask = ~std::uintptr_t(kAlignment - 1);
+  void* aligned = reinterpret_cast<void*>((base + kAlignment - 1) & mask);
+  std::lock_guard<std::mutex> lock(mutex_);
+  live_.emplace(aligned, std::move(t));
+  return aligned;
+}
+
+void TorchAllocator::deallocate(void* ptr, std::size_t, Device) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  live_.erase(ptr);
+}
+
+void TorchAllocator::zero(void* ptr, std::size_t bytes, Device device) {
+  if (bytes == 0) return;
+  if (device.is_cpu()) {
+    std::memset(ptr, 0, bytes);
+    return;
+  }
+  // Device memory: a non-owning byte view zeroed on the current stream.
+  at::from_blob(ptr, {static_cast<std::int64_t>(bytes)},
+                at::TensorOptions().dtype(at::kByte).device(torch_device(device)))
+      .zero_();
+}
+
+std::size_t TorchAllocator::live_allocations() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return live_.size();
+}
+
+std::shared_ptr<TorchAllocator> torch_allocator() {
+  static const auto instance = std::make_shared<TorchAllocator>();
+  return instance;
+}
+
+}  // namespace qrecipe::python

@@ -1,0 +1,7 @@
+"""qrecipe.nn: torch.nn modules whose GEMMs follow the active recipe.
+
+Implemented: Linear. Not yet: LayerNormLinear, LayerNormMLP, GroupedLinear (docs/adapter.md).
+"""
+from .linear import Linear
+
+__all__ = ["Linear"]

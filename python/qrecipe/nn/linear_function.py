@@ -1,0 +1,125 @@
+"""The three GEMMs of a quantized linear layer ``y = x W^T + b`` (DESIGN.md section 6).
+
+    fprop  y  = x  rowwise    . W  rowwise
+    dgrad  dx = dy rowwise    . W  columnwise
+    wgrad  dW = dy columnwise . x  columnwise
+
+An operand whose role resolved to a quantizer is quantized with exactly the directions its
+GEMMs need; one whose role is ``none`` stays in high precision (a dense engine operand).
+For backward only the columnwise copies are kept (the rowwise ones were for fprop), so an
+activation saved for wgrad costs its quantized size, as in TransformerEngine. Under
+``torch.no_grad()`` (or when nothing needs a gradient) only rowwise copies are made and
+nothing is saved. The bias is added in FP32 by torch; the GEMMs accumulate in FP32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .._engine import _C
+
+_ROWWISE, _COLUMNWISE = 1, 2
+
+
+@dataclass(frozen=True)
+class LinearRoles:
+    """The quantizers (``_C.Quantizer`` or None for high precision) of one linear layer under
+    one recipe, plus how its GEMMs run (for ``explain``)."""
+    input: Optional["_C.Quantizer"]
+    weight: Optional["_C.Quantizer"]
+    grad_output: Optional["_C.Quantizer"]
+    plan: dict
+
+    @property
+    def all_none(self) -> bool:
+        return self.input is None and self.weight is None and self.grad_output is None
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """A high-precision engine operand: the engine reads FP32 and BF16."""
+    return t if t.dtype in (torch.float32, torch.bfloat16) else t.float()
+
+
+def _operand(quantizer, tensor: torch.Tensor, usage: int):
+    if quantizer is None:
+        return _dense(tensor)
+    return quantizer.quantize(tensor, usage)
+
+
+def _keep_columnwise(operand):
+    """What backward keeps of a forward operand: its columnwise copy only."""
+    if isinstance(operand, _C.QuantizedTensor) and operand.has("rowwise"):
+        operand.drop("rowwise")
+    return operand
+
+
+def _gemm(kind: str, a, direction_a: str, b, direction_b: str, rows: int, cols: int,
+          device: torch.device) -> torch.Tensor:
+    out = torch.empty((rows, cols), dtype=torch.float32, device=device)
+    _C.gemm(a, direction_a, b, direction_b, out, kind=kind)
+    return out
+
+
+def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                   roles: LinearRoles, need_dgrad: bool, need_wgrad: bool):
+    """Returns (y, saved) where saved = (x operand for wgrad, W operand for dgrad)."""
+    in_features = weight.shape[1]
+    x2 = x.reshape(-1, in_features).contiguous()
+    w = weight.contiguous()
+    x_op = _operand(roles.input, x2, _ROWWISE | (_COLUMNWISE if need_wgrad else 0))
+    w_op = _operand(roles.weight, w, _ROWWISE | (_COLUMNWISE if need_dgrad else 0))
+    y = _gemm("fprop", x_op, "rowwise", w_op, "rowwise", x2.shape[0], weight.shape[0], x.device)
+    if bias is not None:
+        y += bias.float()
+    y = y.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
+    saved_x = _keep_columnwise(x_op) if need_wgrad else None
+    saved_w = _keep_columnwise(w_op) if need_dgrad else None
+    return y, (saved_x, saved_w)
+
+
+class LinearFunction(torch.autograd.Function):
+    """Autograd for :func:`linear_forward`; called by ``qrecipe.nn.Linear`` only."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, roles: LinearRoles, need_dgrad: bool, need_wgrad: bool):
+        y, (saved_x, saved_w) = linear_forward(x, weight, bias, roles, need_dgrad, need_wgrad)
+        ctx.roles = roles
+        ctx.need_dgrad, ctx.need_wgrad = need_dgrad, need_wgrad
+        ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weight.dtype
+        ctx.has_bias = bias is not None
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        # Quantized operands are engine objects (kept on ctx); high-precision ones are tensors
+        # and go through save_for_backward so in-place changes are detected.
+        ctx.saved_q = (saved_x if isinstance(saved_x, _C.QuantizedTensor) else None,
+                       saved_w if isinstance(saved_w, _C.QuantizedTensor) else None)
+        ctx.save_for_backward(saved_x if isinstance(saved_x, torch.Tensor) else None,
+                              saved_w if isinstance(saved_w, torch.Tensor) else None)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        dense_x, dense_w = ctx.saved_tensors
+        saved_x = ctx.saved_q[0] if ctx.saved_q[0] is not None else dense_x
+        saved_w = ctx.saved_q[1] if ctx.saved_q[1] is not None else dense_w
+        out_features = ctx.roles.plan["out_features"]
+        dy2 = dy.reshape(-1, out_features).contiguous()
+        tokens = dy2.shape[0]
+        need_dgrad = ctx.need_dgrad and ctx.needs_input_grad[0]
+        need_wgrad = ctx.need_wgrad and ctx.needs_input_grad[1]
+        dx = dw = db = None
+        usage = (_ROWWISE if need_dgrad else 0) | (_COLUMNWISE if need_wgrad else 0)
+        if usage:
+            dy_op = _operand(ctx.roles.grad_output, dy2, usage)
+            if need_dgrad:
+                dx = _gemm("dgrad", dy_op, "rowwise", saved_w, "columnwise", tokens,
+                           ctx.x_shape[-1], dy.device)
+                dx = dx.to(ctx.x_dtype).reshape(ctx.x_shape)
+            if need_wgrad:
+                dw = _gemm("wgrad", dy_op, "columnwise", saved_x, "columnwise", out_features,
+                           ctx.x_shape[-1], dy.device).to(ctx.w_dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.float().sum(0).to(ctx.bias_dtype)
+        ctx.saved_q = None
+        return dx, dw, db, None, None, None

@@ -1,0 +1,133 @@
+"""``qrecipe.Recipe``: a validated recipe and the engine that resolves its roles.
+
+A recipe maps every quantizer role (module_type, tensor_type, module name) to a quantizer spec
+(docs/recipes.md). Parsing and validation happen in the C++ engine, so errors carry the file,
+line and column (``<dict>`` for recipes built from Python dictionaries).
+
+Each Recipe object owns one engine, made on first use and kept for the recipe's lifetime: it
+caches the resolved quantizers and holds the delayed-scaling state (amax histories, scales),
+so reuse one Recipe object across training steps.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from ._engine import _C
+
+# Not resolve(): in the build tree the .py files are symlinks, the recipes sit beside them.
+_RECIPES_DIR = Path(os.path.abspath(__file__)).parent / "recipes"
+
+
+class Recipe:
+    """A parsed and validated recipe. Build one with :meth:`load`, :meth:`from_dict`,
+    :meth:`from_yaml`, :meth:`builtin` or :meth:`default`."""
+
+    _default: Optional["Recipe"] = None
+
+    def __init__(self, cpp: "_C.Recipe", *, validate: bool = True):
+        if not isinstance(cpp, _C.Recipe):
+            raise TypeError("use Recipe.load(path), Recipe.from_dict(d) or Recipe.default()")
+        if validate:
+            cpp.validate()  # raises RecipeError "file:line:col: ..." naming the first problem
+        self._cpp = cpp
+        self._engine: Optional[_C.Engine] = None
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def load(cls, path: "str | os.PathLike[str]", *, validate: bool = True) -> "Recipe":
+        """Parses a YAML recipe file and validates it against the loaded plugins."""
+        return cls(_C.Recipe.load(os.fspath(path)), validate=validate)
+
+    @classmethod
+    def from_yaml(cls, text: str, source_name: str = "<string>", *,
+                  validate: bool = True) -> "Recipe":
+        return cls(_C.Recipe.parse(text, source_name), validate=validate)
+
+    @classmethod
+    def from_dict(cls, recipe: Dict[str, Any], source_name: str = "<dict>", *,
+                  validate: bool = True) -> "Recipe":
+        """A recipe from a dictionary with the YAML file's structure, e.g.
+        ``{"version": 1, "name": "fp8", "defaults": {"format": "float8"}}``.
+
+        The dictionary is written out as indented JSON (which is YAML) and parsed by the
+        engine, so errors are exactly the file errors, located in that text."""
+        if not isinstance(recipe, dict):
+            raise TypeError(f"Recipe.from_dict takes a dict, got {type(recipe).__name__}")
+        try:
+            text = json.dumps(recipe, indent=2)
+        except TypeError as error:
+            raise TypeError(f"Recipe.from_dict: the dictionary holds a value that is not a "
+                            f"string, number, bool, list or dict ({error})") from None
+        return cls.from_yaml(text, source_name, validate=validate)
+
+    @classmethod
+    def builtin(cls, name: str) -> "Recipe":
+        """One of the recipes shipped with qrecipe, by file name: ``Recipe.builtin("mxfp8")``."""
+        path = _RECIPES_DIR / f"{name}.yaml"
+        if not path.is_file():
+            raise ValueError(f"no shipped recipe named '{name}'; available: "
+                             f"{', '.join(cls.builtin_names())}")
+        return cls.load(path)
+
+    @staticmethod
+    def builtin_names() -> List[str]:
+        return sorted(p.stem for p in _RECIPES_DIR.glob("*.yaml"))
+
+    @classmethod
+    def default(cls) -> "Recipe":
+        """The recipe used when none is given (recipes/default.yaml). One shared object, so
+        its engine and scaling state persist across ``autocast`` blocks."""
+        if cls._default is None:
+            cls._default = cls.load(_RECIPES_DIR / "default.yaml")
+        return cls._default
+
+    # ---------------------------------------------------------------- inspection
+    @property
+    def name(self) -> str:
+        return self._cpp.name
+
+    @property
+    def source(self) -> str:
+        return self._cpp.source
+
+    def check(self) -> List[str]:
+        """Every validation problem against the loaded plugins (empty: valid)."""
+        return list(self._cpp.check())
+
+    def resolve(self, module_type: str, tensor_type: str, name: str = "") -> str:
+        """The quantizer spec a role gets, as a string (``"none"`` keeps high precision)."""
+        return self._cpp.resolve(module_type, tensor_type, name)
+
+    def rules(self) -> List[Tuple[str, str]]:
+        """(match, quantizer) pairs in order, then ("defaults", spec)."""
+        return list(self._cpp.rules())
+
+    # ---------------------------------------------------------------- engine
+    @property
+    def engine(self) -> "_C.Engine":
+        if self._engine is None:
+            self._engine = _C.Engine(self._cpp)
+        return self._engine
+
+    def quantizer(self, module_type: str, tensor_type: str, name: str = ""):
+        """The quantizer this recipe gives a role (None for format none)."""
+        from .quantization import Quantizer
+        q = self.engine.resolve(module_type, tensor_type, name)
+        return None if q is None else Quantizer(q)
+
+    def update_scaling(self) -> None:
+        """Delayed scaling: fold this step's amaxes into the histories and recompute the
+        scales. ``qrecipe.autocast`` calls it once per step; call it yourself only when you
+        run modules without autocast blocks marking the steps."""
+        if self._engine is not None:
+            self._engine.update_scaling()
+
+    def scaling_states(self) -> List[dict]:
+        """The delayed-scaling states (owner role, amax history, scale), in creation order."""
+        return [] if self._engine is None else list(self._engine.scaling_states())
+
+    def __repr__(self) -> str:
+        return f"Recipe(name={self.name!r}, source={self.source!r})"

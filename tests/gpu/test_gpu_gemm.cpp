@@ -1,0 +1,533 @@
+// GPU GEMM == CPU reference GEMM on the same quantized operands (DESIGN.md section 6).
+//
+// For every operand pair, shape and GEMM kind below: quantize two random sources on the CPU,
+// upload the quantized bytes unchanged (so both sides multiply exactly the same operands;
+// that GPU quantization reproduces these bytes is test_gpu_parity's job), run gemm() on the
+// CPU (the reference: decode to FP32, FP32 accumulation) and on cuda:0, and compare within the
+// bound below. The plan gemm() returns must be the one the pairing table promises: native for
+// the native pairs at shapes divisible by 16, emulated for the rest, dense for BF16 operands.
+//
+// Map
+//   1. coverage: operand pairs, shapes, kinds, epilogue variants
+//   2. the error bound
+//   3. host helpers: sources, quantizers, uploads, element comparison
+//   4. the test cases (the sweep; K = 0 and empty outputs; device errors)
+//
+// Error bound, per output element (i, j), with s = |alpha| * ||A_i|| * ||B_j|| (Euclidean norms
+// of the decoded rows; by Cauchy-Schwarz s >= |alpha| * sum_r |A(i,r) B(j,r)|):
+//   |gpu - cpu| <= gamma * s + 2^-21 * (|cpu| + |out0| + |bias_j|)   [+ BF16 output term]
+//   gamma = (k + 2) * 2^-22 for FP32 accumulation of exactly decoded operands (emulated, dense):
+//     each side is within (k + 1) ulp-sized relative steps of the exact sum in any summation
+//     order, counting a whole ulp (2^-23) per step because tensor cores may truncate;
+//   gamma += 2^-6 for a native FP8 GEMM with split accumulation: Hopper's FP8 tensor cores keep
+//     the partial sum of at most 128 products (4 WGMMA k-steps) in about 14 significant bits
+//     before cuBLASLt promotes it to FP32, so each such chunk is off by at most 128 * 2^-13;
+//   gamma += 2^-5 for fast accumulation (fprop), where cuBLASLt never promotes: this is not a
+//     worst-case bound but 2^-5 * ||A_i|| ||B_j|| is far above what the reduced-precision
+//     accumulator loses on random data (about 2% of the result at K = 4096, DeepSeek-V3
+//     section 3.3.2), and far below the error of any layout, transpose or scale mistake;
+//   the 2^-21 term covers the FP32 roundings of the epilogue (+ out, + bias);
+//   BF16 outputs add 2^-7 * (|cpu| + gamma * s): both sides round to BF16 once, landing at most
+//   one BF16 ulp apart.
+// Also, for FP32 outputs, the relative Frobenius error ||gpu - cpu|| / ||cpu|| must stay below
+// 2^-12 (exact decode), 2^-7 (FP8 split) or 2^-4 (FP8 fast accumulation): a transposed
+// operand, a wrong scale or a swapped FP8 type gives errors of order 1.
+//
+// Without a CUDA device the cases print "not supported: ..." and pass. An emulated pair whose
+// format has no CUDA dequantize yet is reported as not supported (gemm() must then throw
+// QR_STATUS_UNSUPPORTED, never fall back to the CPU). QRECIPE_GPU_GEMM_QUICK=1 skips the
+// 4096^3 shape. QRECIPE_GPU_GEMM_SELFTEST=1 on a machine without a CUDA device runs the sweep
+// with the "device" copies on the CPU: it checks the harness (operands of every format in
+// every direction, uploads, bounds), not the CUDA path, and skips the plan checks.
+//
+// How to add a pair: append to kPairs (YAML quantizer specs; nullptr for dense BF16) with the
+// path the pairing table promises at shapes divisible by 16.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "qrecipe/conversions.hpp"
+#include "qrecipe/cuda.hpp"
+#include "qrecipe/engine.hpp"
+#include "qrecipe/gemm.hpp"
+#include "qrecipe/quantizer.hpp"
+#include "qrecipe/recipe.hpp"
+#include "qrecipe/registry.hpp"
+#include "qrecipe/tensor.hpp"
+
+using qrecipe::Device;
+using qrecipe::DType;
+using qrecipe::GemmKind;
+using qrecipe::GemmOperand;
+using qrecipe::GemmOptions;
+using qrecipe::GemmPlan;
+using qrecipe::QuantizedTensor;
+using qrecipe::Quantizer;
+using qrecipe::Tensor;
+using qrecipe::TensorView;
+
+namespace {
+
+// ---------------------------------------------------------------- 1. coverage
+
+constexpr const char* kE4M3 = "{format: float8, scaling: current, dtype: e4m3}";
+constexpr const char* kE5M2 = "{format: float8, scaling: current, dtype: e5m2}";
+constexpr const char* kBlock1x128 = "{format: blockwise, block: 1x128}";
+constexpr const char* kBlock128x128 = "{format: blockwise, block: 128x128}";
+constexpr const char* kMxfp8 = "{format: mxfp8}";
+constexpr const char* kNvfp4 = "{format: nvfp4}";
+
+using Path = GemmPlan::Path;
+
+struct Pair {
+  const char* label;
+  const char* a_spec;  // quantizer of operand A; nullptr: dense BF16
+  const char* b_spec;
+  Path promised;       // at shapes divisible by 16
+};
+
+const Pair kPairs[] = {
+    {"float8 e4m3 x e4m3", kE4M3, kE4M3, Path::native},
+    {"float8 e4m3 x e5m2", kE4M3, kE5M2, Path::native},
+    {"float8 e5m2 x e4m3", kE5M2, kE4M3, Path::native},
+    {"float8 e5m2 x e5m2", kE5M2, kE5M2, Path::emulated},
+    {"blockwise 1x128 x 128x128", kBlock1x128, kBlock128x128, Path::native},
+    {"blockwise 1x128 x 1x128", kBlock1x128, kBlock1x128, Path::native},
+    {"blockwise 128x128 x 128x128", kBlock128x128, kBlock128x128, Path::emulated},
+    {"mxfp8 x mxfp8", kMxfp8, kMxfp8, Path::emulated},
+    {"nvfp4 x nvfp4", kNvfp4, kNvfp4, Path::emulated},
+    {"mixed float8 e4m3 x mxfp8", kE4M3, kMxfp8, Path::emulated},
+    {"bf16 dense", nullptr, nullptr, Path::dense},
+};
+
+struct Shape {
+  std::int64_t m, n, k;
+};
+// The last shape is not divisible by 16 (and has partial 128-blocks): always emulated.
+const Shape kShapes[] = {{16, 16, 16}, {128, 256, 64}, {1024, 1024, 1024}, {4096, 4096, 4096},
+                         {100, 72, 200}};
+
+// The three GEMMs of a linear layer and the directions their operands are read in
+// (gemm.hpp): fprop rowwise x rowwise, dgrad rowwise x columnwise, wgrad columnwise x columnwise.
+struct Kind {
+  GemmKind kind;
+  qr_direction a, b;
+};
+const Kind kKinds[] = {{GemmKind::fprop, QR_DIRECTION_ROWWISE, QR_DIRECTION_ROWWISE},
+                       {GemmKind::dgrad, QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE},
+                       {GemmKind::wgrad, QR_DIRECTION_COLUMNWISE, QR_DIRECTION_COLUMNWISE}};
+
+// Epilogue variants: the plain product everywhere; alpha + accumulate + bias (FP32 output) and
+// accumulate + bias (BF16 output) where the shape is at most 1024^3.
+struct Variant {
+  const char* label;
+  DType out;
+  float alpha;
+  bool accumulate, bias;
+};
+const Variant kVariants[] = {{"f32", DType::f32, 1.0f, false, false},
+                             {"f32 alpha=0.5 accumulate bias", DType::f32, 0.5f, true, true},
+                             {"bf16 accumulate bias", DType::bf16, 1.0f, true, true}};
+
+constexpr int kMaxReportedFailures = 20;
+
+// ---------------------------------------------------------------- 2. error bound
+
+struct Bound {
+  double gamma = 0;   // times s = |alpha| ||A_i|| ||B_j||
+  double frobenius = 0;
+  const char* model = "";
+};
+
+Bound bound_for(const GemmPlan& plan, std::int64_t k) {
+  Bound b;
+  b.gamma = static_cast<double>(k + 2) * std::ldexp(1.0, -22);
+  b.frobenius = std::ldexp(1.0, -12);
+  b.model = "FP32 accumulation of exactly decoded operands";
+  if (plan.path == Path::native) {
+    if (plan.fast_accumulation) {
+      b.gamma += std::ldexp(1.0, -5);
+      b.frobenius = std::ldexp(1.0, -4);
+      b.model = "native FP8, fast accumulation";
+    } else {
+      b.gamma += std::ldexp(1.0, -6);
+      b.frobenius = std::ldexp(1.0, -7);
+      b.model = "native FP8, split accumulation";
+    }
+  }
+  return b;
+}
+
+// ---------------------------------------------------------------- 3. host helpers
+
+std::shared_ptr<qrecipe::Registry> registry() {
+  static const auto reg = std::make_shared<qrecipe::Registry>();
+  return reg;
+}
+
+std::vector<float> random_normal(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = normal(rng);
+  return v;
+}
+
+std::string format_of(const char* spec) {
+  const std::string s(spec);
+  const auto start = s.find("format: ") + 8;
+  return s.substr(start, s.find_first_of(",}", start) - start);
+}
+
+// One engine per spec, kept for the whole run (quantizers must not outlive their engine).
+std::shared_ptr<Quantizer> quantizer_for(const char* spec) {
+  static std::map<std::string, std::unique_ptr<qrecipe::Engine>> engines;
+  auto& e = engines[spec];
+  if (!e)
+    e = std::make_unique<qrecipe::Engine>(
+        qrecipe::Recipe::parse(std::string("version: 1\ndefaults: ") + spec + "\n", "gpu-gemm"),
+        registry());
+  return e->resolve({"linear", "input", "gpu_gemm"});
+}
+
+bool selftest() {
+  const char* v = std::getenv("QRECIPE_GPU_GEMM_SELFTEST");
+  return v && std::string(v) == "1" && !qrecipe::cuda_available();
+}
+
+// Where the "device" side lives: cuda:0, or the CPU in self-test mode.
+Device target() { return selftest() ? Device::cpu() : Device::cuda(0); }
+std::shared_ptr<qrecipe::Allocator> target_allocator() {
+  return selftest() ? qrecipe::cpu_allocator() : qrecipe::cuda_allocator();
+}
+void copy_to_target(void* dst, const void* src, std::size_t bytes) {
+  if (selftest()) {
+    if (bytes) std::memcpy(dst, src, bytes);
+  } else {
+    qrecipe::copy_to_device(dst, src, bytes);
+  }
+}
+
+std::size_t view_bytes(const qr_tensor_view& v) {
+  return v.data ? static_cast<std::size_t>(TensorView(v).nbytes()) : 0;
+}
+
+// The same quantized tensor on cuda:0: same layouts, every buffer copied byte for byte.
+QuantizedTensor upload(const QuantizedTensor& host) {
+  std::array<qr_direction_layout, 2> layouts{};
+  for (const auto d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
+    if (host.has(d)) layouts[d] = host.layout(d);
+  QuantizedTensor dev(host.format(), host.rows(), host.cols(), host.usage(), layouts, target(),
+                      target_allocator());
+  for (const auto d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+    if (!host.has(d)) continue;
+    const qr_direction_data& h = host.direction(d);
+    const qr_direction_data& g = dev.direction(d);
+    copy_to_target(g.data.data, h.data.data, view_bytes(h.data));
+    if (h.scale_inv.data) copy_to_target(g.scale_inv.data, h.scale_inv.data, view_bytes(h.scale_inv));
+    if (h.amax.data) copy_to_target(g.amax.data, h.amax.data, view_bytes(h.amax));
+  }
+  return dev;
+}
+
+Tensor to_device(const Tensor& host) {
+  Tensor t(host.view().dtype(), host.shape(), target(), target_allocator());
+  copy_to_target(t.view().data(), host.view().data(), static_cast<std::size_t>(host.view().nbytes()));
+  return t;
+}
+
+std::vector<float> output_values(const TensorView& out) {
+  const auto n = static_cast<std::size_t>(out.numel());
+  std::vector<float> v(n);
+  if (out.dtype() == DType::f32) {
+    if (out.device().is_cuda())
+      qrecipe::copy_to_host(v.data(), out.data(), n * 4);
+    else
+      std::memcpy(v.data(), out.data(), n * 4);
+    return v;
+  }
+  std::vector<std::uint16_t> raw(n);
+  if (out.device().is_cuda())
+    qrecipe::copy_to_host(raw.data(), out.data(), n * 2);
+  else
+    std::memcpy(raw.data(), out.data(), n * 2);
+  for (std::size_t i = 0; i < n; ++i) v[i] = qrecipe::num::bf16_to_f32(raw[i]);
+  return v;
+}
+
+// One operand of a case: the CPU tensor (quantized or dense BF16), its copy on cuda:0, and the
+// Euclidean norm of each decoded row along K (for the bound).
+struct Operand {
+  std::shared_ptr<Quantizer> quantizer;
+  QuantizedTensor cpu_q, gpu_q;
+  Tensor cpu_dense, gpu_dense;
+  qr_direction direction = QR_DIRECTION_ROWWISE;
+  std::vector<double> norms;  // [outer]
+
+  GemmOperand cpu() const {
+    return quantizer ? GemmOperand::quantized(cpu_q, *quantizer, direction)
+                     : GemmOperand::dense(cpu_dense.view(), direction);
+  }
+  GemmOperand gpu() const {
+    return quantizer ? GemmOperand::quantized(gpu_q, *quantizer, direction)
+                     : GemmOperand::dense(gpu_dense.view(), direction);
+  }
+};
+
+// A logical [outer, inner] operand read in `direction`: stored [outer, inner] when rowwise,
+// [inner, outer] when columnwise.
+Operand make_operand(const char* spec, qr_direction direction, std::int64_t outer, std::int64_t inner,
+                     std::uint64_t seed) {
+  Operand op;
+  op.direction = direction;
+  const bool rowwise = direction == QR_DIRECTION_ROWWISE;
+  const std::int64_t rows = rowwise ? outer : inner, cols = rowwise ? inner : outer;
+  const std::vector<float> src = random_normal(static_cast<std::size_t>(rows * cols), seed);
+  std::vector<float> decoded(src.size());  // logical [rows, cols] after decoding
+  if (spec) {
+    op.quantizer = quantizer_for(spec);
+    auto view = TensorView(const_cast<float*>(src.data()), DType::f32, {rows, cols});
+    op.cpu_q = op.quantizer->quantize(view, qrecipe::usage_bit(direction));
+    op.gpu_q = upload(op.cpu_q);
+    op.quantizer->dequantize(op.cpu_q, direction, TensorView(decoded.data(), DType::f32, {rows, cols}));
+  } else {
+    op.cpu_dense = Tensor(DType::bf16, {rows, cols});
+    auto* p = op.cpu_dense.data_as<std::uint16_t>();
+    for (std::size_t i = 0; i < src.size(); ++i) {
+      p[i] = qrecipe::num::f32_to_bf16(src[i]);
+      decoded[i] = qrecipe::num::bf16_to_f32(p[i]);
+    }
+    op.gpu_dense = to_device(op.cpu_dense);
+  }
+  op.norms.assign(static_cast<std::size_t>(outer), 0.0);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const double v = decoded[static_cast<std::size_t>(r * cols + c)];
+      op.norms[static_cast<std::size_t>(rowwise ? r : c)] += v * v;
+    }
+  for (auto& n : op.norms) n = std::sqrt(n);
+  return op;
+}
+
+struct Comparison {
+  std::int64_t failures = 0;
+  std::string first;
+  double worst_ratio = 0;  // max |gpu - cpu| / tol
+  double frobenius = 0;    // ||gpu - cpu|| / ||cpu||
+};
+
+Comparison compare(const std::vector<float>& cpu, const std::vector<float>& gpu,
+                   const std::vector<float>& out0, const std::vector<float>& bias, const Operand& a,
+                   const Operand& b, std::int64_t m, std::int64_t n, const Bound& bound,
+                   const Variant& v) {
+  Comparison c;
+  double err2 = 0, ref2 = 0;
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      const auto idx = static_cast<std::size_t>(i * n + j);
+      const double ref = cpu[idx], got = gpu[idx];
+      const double s = std::fabs(v.alpha) * a.norms[static_cast<std::size_t>(i)] *
+                       b.norms[static_cast<std::size_t>(j)];
+      double tol = bound.gamma * s +
+                   std::ldexp(1.0, -21) * (std::fabs(ref) + (v.accumulate ? std::fabs(out0[idx]) : 0.0) +
+                                           (v.bias ? std::fabs(bias[static_cast<std::size_t>(j)]) : 0.0));
+      if (v.out == DType::bf16) tol += std::ldexp(1.0, -7) * (std::fabs(ref) + bound.gamma * s);
+      tol += 1e-30;
+      const double diff = std::fabs(got - ref);
+      err2 += diff * diff;
+      ref2 += ref * ref;
+      const double ratio = std::isfinite(got) ? diff / tol : INFINITY;
+      c.worst_ratio = std::max(c.worst_ratio, ratio);
+      if (!(ratio <= 1.0)) {
+        if (c.failures == 0) {
+          std::ostringstream os;
+          os.precision(9);
+          os << "out[" << i << ", " << j << "]: gpu " << got << ", cpu " << ref << ", |diff| " << diff
+             << " > bound " << tol;
+          c.first = os.str();
+        }
+        ++c.failures;
+      }
+    }
+  }
+  c.frobenius = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+  return c;
+}
+
+bool quick() {
+  const char* v = std::getenv("QRECIPE_GPU_GEMM_QUICK");
+  return v && std::string(v) == "1";
+}
+
+bool skip_without_cuda() {
+  if (qrecipe::cuda_available()) return false;
+  MESSAGE("not supported: " << qrecipe::cuda_status());
+  return true;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- 4. test cases
+
+TEST_CASE("GPU GEMMs equal the CPU reference on the same quantized operands") {
+  if (selftest())
+    MESSAGE("QRECIPE_GPU_GEMM_SELFTEST=1 without a CUDA device: the device side runs on the CPU "
+            "(harness check only)");
+  else if (skip_without_cuda())
+    return;
+  MESSAGE(qrecipe::cuda_status());
+  int reported = 0;
+  for (const Pair& pair : kPairs) {
+    const bool formats_loaded = (!pair.a_spec || registry()->find(format_of(pair.a_spec))) &&
+                                (!pair.b_spec || registry()->find(format_of(pair.b_spec)));
+    if (!formats_loaded) {
+      MESSAGE("not supported: " << std::string(pair.label) << ": plugin not built");
+      continue;
+    }
+    int cases = 0, unsupported = 0;
+    double worst = 0;
+    std::string paths;
+    std::string unsupported_why;
+    for (const Shape& shape : kShapes) {
+      if (quick() && shape.m * shape.n * shape.k > (std::int64_t{1} << 30)) continue;
+      const bool divisible = shape.m % 16 == 0 && shape.n % 16 == 0 && shape.k % 16 == 0;
+      const Path promised = divisible || pair.promised == Path::dense ? pair.promised : Path::emulated;
+      for (const Kind& kind : kKinds) {
+        const std::uint64_t seed = static_cast<std::uint64_t>(shape.m * 7919 + shape.n * 104729 + shape.k) ^
+                                   (static_cast<std::uint64_t>(kind.kind) << 48);
+        const Operand a = make_operand(pair.a_spec, kind.a, shape.m, shape.k, seed);
+        const Operand b = make_operand(pair.b_spec, kind.b, shape.n, shape.k, seed + 1);
+        for (const Variant& v : kVariants) {
+          const bool plain = !v.accumulate && !v.bias && v.out == DType::f32;
+          if (!plain && shape.m * shape.n * shape.k > (std::int64_t{1} << 30)) continue;
+          CAPTURE(std::string(pair.label));
+          CAPTURE(std::string(gemm_kind_name(kind.kind)));
+          CAPTURE(shape.m);
+          CAPTURE(shape.n);
+          CAPTURE(shape.k);
+          CAPTURE(std::string(v.label));
+          // Initial output (read by accumulate) and bias: the same values on both sides.
+          const auto mn = static_cast<std::size_t>(shape.m * shape.n);
+          std::vector<float> out0 = random_normal(mn, seed + 2);
+          std::vector<float> bias = random_normal(static_cast<std::size_t>(shape.n), seed + 3);
+          Tensor cpu_out(v.out, {shape.m, shape.n});
+          for (std::size_t i = 0; i < mn; ++i) {
+            if (v.out == DType::f32) {
+              cpu_out.data_as<float>()[i] = out0[i];
+            } else {
+              cpu_out.data_as<std::uint16_t>()[i] = qrecipe::num::f32_to_bf16(out0[i]);
+              out0[i] = qrecipe::num::bf16_to_f32(cpu_out.data_as<std::uint16_t>()[i]);
+            }
+          }
+          Tensor gpu_out = to_device(cpu_out);
+          Tensor bias_host(DType::f32, {shape.n});
+          std::memcpy(bias_host.data_as<float>(), bias.data(), bias.size() * 4);
+          Tensor bias_dev = to_device(bias_host);
+
+          GemmOptions o;
+          o.alpha = v.alpha;
+          o.accumulate = v.accumulate;
+          o.kind = kind.kind;
+          o.bias = v.bias ? bias_host.data_as<float>() : nullptr;
+          qrecipe::gemm(a.cpu(), b.cpu(), cpu_out.view(), o);
+          o.bias = v.bias ? bias_dev.data_as<float>() : nullptr;
+          GemmPlan plan;
+          try {
+            plan = qrecipe::gemm(a.gpu(), b.gpu(), gpu_out.view(), o);
+            if (!selftest()) qrecipe::synchronize(Device::cuda(0));
+          } catch (const qrecipe::Error& e) {
+            // Only an emulated pair may lack its format's CUDA dequantize (still being written).
+            REQUIRE_MESSAGE(e.code() == QR_STATUS_UNSUPPORTED, e.what());
+            CHECK(std::string(e.what()).find("never falls back") != std::string::npos);
+            CHECK_MESSAGE(promised != Path::native, "a native pair must not need a dequantize: ",
+                          e.what());
+            ++unsupported;
+            if (unsupported_why.empty()) unsupported_why = e.what();
+            continue;
+          }
+          if (!selftest()) CHECK_MESSAGE(plan.path == promised, "plan: ", plan.str());
+          if (paths.find(plan.str()) == std::string::npos && paths.size() < 2000)
+            paths += "\n    " + std::string(gemm_kind_name(kind.kind)) + ": " + plan.str();
+
+          const Bound bound = bound_for(plan, shape.k);
+          const Comparison c = compare(output_values(cpu_out.view()), output_values(gpu_out.view()),
+                                       out0, bias, a, b, shape.m, shape.n, bound, v);
+          ++cases;
+          worst = std::max(worst, c.worst_ratio);
+          if (c.failures > 0 && reported++ < kMaxReportedFailures)
+            FAIL_CHECK(c.failures << " of " << mn << " elements outside the bound (" << bound.model
+                                  << "); first " << c.first);
+          if (v.out == DType::f32 && c.frobenius > bound.frobenius && reported++ < kMaxReportedFailures)
+            FAIL_CHECK("relative Frobenius error " << c.frobenius << " > " << bound.frobenius << " ("
+                                                   << bound.model << ")");
+        }
+      }
+    }
+    MESSAGE(std::string(pair.label) << ": " << cases << " cases, worst |gpu - cpu| / bound = " << worst << paths);
+    if (unsupported)
+      MESSAGE("not supported: " << std::string(pair.label) << ": " << unsupported << " cases need a CUDA dequantize: "
+                                << unsupported_why);
+  }
+}
+
+TEST_CASE("GPU GEMM edge cases: K = 0 (epilogue only) and empty outputs") {
+  if (skip_without_cuda()) return;
+  // Dense BF16 operands [3, 0] x [2, 0]: out = alpha * 0 + out + bias.
+  Tensor a(DType::bf16, {3, 0}, Device::cuda(0), qrecipe::cuda_allocator());
+  Tensor b(DType::bf16, {2, 0}, Device::cuda(0), qrecipe::cuda_allocator());
+  Tensor out_host(DType::f32, {3, 2});
+  for (int i = 0; i < 6; ++i) out_host.data_as<float>()[i] = static_cast<float>(i);
+  Tensor out = to_device(out_host);
+  Tensor bias_host(DType::f32, {2});
+  bias_host.data_as<float>()[0] = 10.0f;
+  bias_host.data_as<float>()[1] = 20.0f;
+  Tensor bias = to_device(bias_host);
+  GemmOptions o;
+  o.accumulate = true;
+  o.bias = bias.data_as<float>();
+  qrecipe::gemm(GemmOperand::dense(a.view(), QR_DIRECTION_ROWWISE),
+                GemmOperand::dense(b.view(), QR_DIRECTION_ROWWISE), out.view(), o);
+  const auto got = output_values(out.view());
+  // out[i][j] = 0 + (2i + j) + bias[j]: {10, 21, 12, 23, 14, 25}.
+  const float want[6] = {10, 21, 12, 23, 14, 25};
+  for (int i = 0; i < 6; ++i) CHECK(got[static_cast<std::size_t>(i)] == want[i]);
+  // An empty output does nothing and does not fail.
+  Tensor a0(DType::bf16, {0, 16}, Device::cuda(0), qrecipe::cuda_allocator());
+  Tensor b0(DType::bf16, {4, 16}, Device::cuda(0), qrecipe::cuda_allocator());
+  Tensor out0(DType::f32, {0, 4}, Device::cuda(0), qrecipe::cuda_allocator());
+  CHECK_NOTHROW(qrecipe::gemm(GemmOperand::dense(a0.view(), QR_DIRECTION_ROWWISE),
+                              GemmOperand::dense(b0.view(), QR_DIRECTION_ROWWISE), out0.view()));
+}
+
+TEST_CASE("GPU GEMM errors: mixed devices and a host bias never fall back to the CPU") {
+  if (skip_without_cuda()) return;
+  Tensor a(DType::bf16, {16, 16}, Device::cuda(0), qrecipe::cuda_allocator());
+  Tensor b_host(DType::bf16, {16, 16});
+  Tensor out(DType::f32, {16, 16}, Device::cuda(0), qrecipe::cuda_allocator());
+  try {
+    qrecipe::gemm(GemmOperand::dense(a.view(), QR_DIRECTION_ROWWISE),
+                  GemmOperand::dense(b_host.view(), QR_DIRECTION_ROWWISE), out.view());
+    FAIL("expected an error for operands on cuda:0 and cpu");
+  } catch (const qrecipe::Error& e) {
+    CHECK(e.code() == QR_STATUS_UNSUPPORTED);
+    CHECK(std::string(e.what()).find("one device") != std::string::npos);
+  }
+  Tensor b(DType::bf16, {16, 16}, Device::cuda(0), qrecipe::cuda_allocator());
+  std::vector<float> host_bias(16, 1.0f);
+  GemmOptions o;
+  o.bias = host_bias.data();
+  CHECK_THROWS_WITH_AS(qrecipe::gemm(GemmOperand::dense(a.view(), QR_DIRECTION_ROWWISE),
+                                     GemmOperand::dense(b.view(), QR_DIRECTION_ROWWISE), out.view(), o),
+                       doctest::Contains("device memory"), qrecipe::Error);
+}

@@ -1,0 +1,142 @@
+"""qrecipe.nn.Linear: bit-identity with torch.nn.Linear when nothing is quantized, the
+quantized path's operands and saved tensors, the no-grad path."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import qrecipe
+from qrecipe import _C
+
+NONE = qrecipe.Recipe.builtin("none")
+
+
+def pair(in_features, out_features, bias, dtype=torch.float32):
+    ref = torch.nn.Linear(in_features, out_features, bias=bias, dtype=dtype)
+    ours = qrecipe.nn.Linear(in_features, out_features, bias=bias, dtype=dtype, name="fc")
+    with torch.no_grad():
+        ours.weight.copy_(ref.weight)
+        if bias:
+            ours.bias.copy_(ref.bias)
+    return ref, ours
+
+
+def run(module, x, dy, recipe=None, enabled=True):
+    x = x.detach().clone().requires_grad_()
+    module.zero_grad()
+    if recipe is None and not enabled:
+        y = module(x)
+    else:
+        with qrecipe.autocast(recipe, enabled=enabled):
+            y = module(x)
+    y.backward(dy)
+    grads = [x.grad] + [p.grad for p in module.parameters()]
+    return y.detach(), grads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("mode", ["outside", "recipe-none", "disabled"])
+def test_matches_torch_linear_bit_for_bit(dtype, bias, mode):
+    ref, ours = pair(24, 40, bias, dtype)
+    x = torch.randn(3, 5, 24, dtype=dtype)  # N-D input: leading dims are tokens
+    dy = torch.randn(3, 5, 40, dtype=dtype)
+    y_ref, g_ref = run(ref, x, dy, enabled=False)
+    if mode == "outside":
+        y, g = run(ours, x, dy, enabled=False)
+    elif mode == "recipe-none":
+        y, g = run(ours, x, dy, recipe=NONE)
+    else:
+        y, g = run(ours, x, dy, recipe=qrecipe.Recipe.default(), enabled=False)
+    assert torch.equal(y, y_ref)
+    assert len(g) == len(g_ref)
+    for a, b in zip(g, g_ref):
+        assert torch.equal(a, b)
+
+
+def test_reset_parameters_matches_torch_init():
+    torch.manual_seed(3)
+    ref = torch.nn.Linear(16, 8)
+    torch.manual_seed(3)
+    ours = qrecipe.nn.Linear(16, 8)
+    assert torch.equal(ref.weight, ours.weight) and torch.equal(ref.bias, ours.bias)
+
+
+def test_forward_uses_the_recipes_quantized_operands():
+    # fprop must equal the engine GEMM of the two rowwise operands quantized by the recipe's
+    # own quantizers, plus the bias in FP32: exact equality, not a tolerance.
+    recipe = qrecipe.Recipe.default()
+    _, ours = pair(32, 16, bias=True)
+    x = torch.randn(8, 32)
+    with qrecipe.autocast(recipe):
+        y = ours(x)
+    qx = recipe.quantizer("linear", "input", "fc").quantize(x, "rowwise")
+    qw = recipe.quantizer("linear", "weight", "fc").quantize(ours.weight.detach(), "rowwise")
+    expected = qx.dequantize() @ qw.dequantize().t() + ours.bias.detach()
+    # The engine sums in a fixed blocked order, torch.matmul in its own: same products,
+    # different summation order, so compare at FP32 rounding level.
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(y, F.linear(x, ours.weight, ours.bias))  # it did quantize
+
+
+def test_partial_none_recipe_uses_dense_operands():
+    # Only the weight is quantized: input and grad_output stay high precision.
+    recipe = qrecipe.Recipe.from_dict({
+        "version": 1, "name": "weight-only", "defaults": {"format": "none"},
+        "rules": [{"match": {"tensor_type": "weight"}, "quantizer": {"format": "float8"}}]})
+    _, ours = pair(32, 16, bias=False)
+    x = torch.randn(8, 32, requires_grad=True)
+    with qrecipe.autocast(recipe):
+        y = ours(x)
+    y.sum().backward()
+    qw = recipe.quantizer("linear", "weight", "fc").quantize(ours.weight.detach())
+    torch.testing.assert_close(y, x.detach() @ qw.dequantize().t(), rtol=1e-5, atol=1e-5)
+    # dgrad: dy (dense ones) x W columnwise (quantized); wgrad: dy x x, both dense.
+    torch.testing.assert_close(x.grad, torch.ones(8, 16) @ qw.dequantize("columnwise"),
+                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.weight.grad, torch.ones(16, 8) @ x.detach(),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_backward_keeps_only_columnwise_copies():
+    # float8 (default recipe): each direction owns 3 buffers (data, scale_inv, amax). Saved
+    # for backward: x columnwise (wgrad) and W columnwise (dgrad) = 6 buffers, not 12.
+    _, ours = pair(32, 16, bias=True)
+    x = torch.randn(8, 32, requires_grad=True)
+    before = _C.live_allocations()
+    with qrecipe.autocast():
+        y = ours(x)
+    assert _C.live_allocations() - before == 6
+    y.sum().backward()
+    del y
+    assert _C.live_allocations() == before
+
+
+def test_no_grad_quantizes_rowwise_only_and_saves_nothing():
+    _, ours = pair(32, 16, bias=True)
+    x = torch.randn(8, 32)
+    before = _C.live_allocations()
+    with torch.no_grad(), qrecipe.autocast():
+        y_ng = ours(x)
+    assert y_ng.grad_fn is None
+    assert _C.live_allocations() == before
+    with qrecipe.autocast():
+        y = ours(x.clone().requires_grad_())
+    assert torch.equal(y_ng, y.detach())
+
+
+def test_float16_input_keeps_its_dtype():
+    _, ours = pair(32, 16, bias=True, dtype=torch.float16)
+    x = torch.randn(4, 32, dtype=torch.float16, requires_grad=True)
+    with qrecipe.autocast():
+        y = ours(x)
+    y.float().sum().backward()
+    assert y.dtype == torch.float16 and x.grad.dtype == torch.float16
+    assert ours.weight.grad.dtype == torch.float16
+
+
+def test_explain_names_roles_and_gemms():
+    _, ours = pair(32, 16, bias=False)
+    text = ours.explain(qrecipe.Recipe.builtin("hybrid_seed"))
+    assert "linear fc under recipe hybrid-seed" in text
+    for word in ("input", "weight", "grad_output", "fprop", "dgrad", "wgrad", "mxfp8", "nvfp4"):
+        assert word in text
