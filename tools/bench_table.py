@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+"""Turn benchmark JSON files (bench_quantize / bench_gemm output) into one markdown table.
+
+usage: tools/bench_table.py RESULT.json [RESULT.json ...] > RESULT.md
+Every figure is the one the benchmark measured; ratios were taken in the same run.
+"""
+import json
+import sys
+
+
+def fmt(v, digits=3):
+    return "" if v is None else f"{v:.{digits}f}"
+
+
+def main(paths):
+    out = []
+    for path in paths:
+        d = json.load(open(path))
+        out.append(f"## {path.split('/')[-1]}\n")
+        out.append(f"device: {d['device']}; date: {d['date']}; commit: {d['commit']}\n")
+        if d.get("note"):
+            out.append(d["note"] + "\n")
+        out.append("| name | kind | ms | value | unit | ratio | ratio_to | extra |")
+        out.append("|---|---|---:|---:|---|---:|---|---|")
+        for r in d["records"]:
+            extra = []
+            if r.get("read_once_ratio") is not None:
+                extra.append(f"read_once_ratio {r['read_once_ratio']:.3f}")
+            if r.get("speedup_vs_bf16") is not None:
+                extra.append(f"vs bf16 {r['speedup_vs_bf16']:.2f}x")
+            if r.get("path"):
+                extra.append(r["path"])
+            out.append(f"| {r['name']} | {r.get('kind','')} | {fmt(r.get('ms'), 4)} | "
+                       f"{fmt(r.get('value'), 1)} | {r.get('unit','')} | {fmt(r.get('ratio'))} | "
+                       f"{r.get('ratio_to','')} | {'; '.join(extra)} |")
+        out.append("")
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
