@@ -49,6 +49,9 @@ TEST_CASE("delayed scaling: one state per stateful quantizer, caller-reduced ama
   const auto qa = engine.resolve({"linear", "input", "delayed.a"});
   const auto qb = engine.resolve({"linear", "input", "delayed.b"});
   REQUIRE(engine.scaling_states().size() == 2);
+  // Each state is labelled with the role and format that asked for it.
+  CHECK(engine.scaling_states()[0]->owner == "linear:input@delayed.a float8");
+  CHECK(engine.scaling_states()[1]->owner == "linear:input@delayed.b float8");
   float xa[4] = {1.0f, -2.0f, 0.5f, 0.0f};  // amax 2
   float xb[4] = {8.0f, 0.0f, 0.0f, 0.0f};   // amax 8
   qa->quantize(TensorView(xa, DType::f32, {2, 2}), QR_USAGE_ROWWISE);

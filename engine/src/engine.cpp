@@ -32,12 +32,30 @@ std::shared_ptr<Quantizer> Engine::resolve(const QuantizerRole& role) {
   return cache_.emplace(role, std::move(q)).first->second;
 }
 
+namespace {
+// The quantizer being created on this thread (innermost first for a hybrid's halves), so a
+// scaling state requested from inside a plugin's factory is labelled with the role and format
+// that asked for it, without the plugin having to say.
+thread_local std::vector<std::string> t_creating;
+struct CreatingScope {
+  explicit CreatingScope(std::string owner) { t_creating.push_back(std::move(owner)); }
+  ~CreatingScope() { t_creating.pop_back(); }
+  CreatingScope(const CreatingScope&) = delete;
+  CreatingScope& operator=(const CreatingScope&) = delete;
+};
+}  // namespace
+
+std::string Engine::creating_owner() {
+  return t_creating.empty() ? std::string() : t_creating.back();
+}
+
 std::shared_ptr<Quantizer> Engine::make_quantizer(const QuantizerSpec& spec,
                                                   const QuantizerRole& role) {
   QuantizerSpec typed = validate_spec(spec, *registry_);
   if (typed.is_none()) return nullptr;
   auto plugin = registry_->find(typed.format);
   QR_CHECK(plugin != nullptr, "format '", typed.format, "' vanished from the registry");
+  const CreatingScope scope(role.str() + " " + typed.format);
   return std::make_shared<Quantizer>(std::move(plugin), std::move(typed), role, host_context());
 }
 

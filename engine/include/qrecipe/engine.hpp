@@ -26,7 +26,7 @@ namespace qrecipe {
 // or device memory from cuda_allocator() (then c.amax_history / c.scale are device pointers).
 struct ScalingState {
   qr_scaling_request request{};
-  std::string owner;  // role string of the quantizer that asked, for logs
+  std::string owner;  // "role format" of the quantizer that asked (logs, checkpoints)
   Buffer history, scale, scale_inv;
   qr_scaling_state c{};
 };
@@ -80,6 +80,8 @@ class Engine {
 
   // Called through the host table (host_api.cpp).
   qr_scaling_state acquire_scaling_state(const qr_scaling_request& request, const std::string& owner);
+  // "role format" of the quantizer this thread is creating (the owner of a state it requests).
+  static std::string creating_owner();
   // Moves the state whose history is `amax_history` to `device` (values kept, old buffers
   // freed, position in scaling_states() unchanged) and returns its new pointers. Copies go
   // through the legacy default stream, synchronized.
