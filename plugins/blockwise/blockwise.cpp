@@ -31,6 +31,7 @@
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 #include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/plugin_sdk_tensor.hpp"
 #include "qrecipe/tensor.hpp"
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
 #include "blockwise_kernels.hpp"
@@ -69,9 +70,7 @@ constexpr bool kHasCuda = false;
 constexpr std::uint32_t kDevices = 1u << QR_DEVICE_CPU;
 #endif
 
-std::string device_str(const qr_device& d) {
-  return d.type == QR_DEVICE_CPU ? "cpu" : "cuda:" + std::to_string(d.index);
-}
+using sdk::device_str;
 
 // The tensor that decides where a call runs: CPU -> the reference, CUDA -> the kernels (or
 // UNSUPPORTED in a build without them).

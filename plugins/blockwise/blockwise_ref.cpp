@@ -17,13 +17,15 @@
 #include "qrecipe/conversions.hpp"
 #include "qrecipe/dtype.hpp"
 #include "qrecipe/error.hpp"
+#include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/plugin_sdk_tensor.hpp"
 #include "qrecipe/scaling.hpp"
 
 namespace qrecipe::blockwise::ref {
 namespace {
 
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-std::int64_t round_up(std::int64_t a, std::int64_t m) { return ceil_div(a, m) * m; }
+using sdk::ceil_div;
+using sdk::round_up;
 
 // Where the pieces of one direction live, derived from its layout.
 struct DirectionGeometry {
@@ -58,19 +60,7 @@ DirectionGeometry geometry(std::int64_t rows, std::int64_t cols, BlockShape bloc
   return g;
 }
 
-void check_source_dtype(std::int32_t dtype) {
-  QR_CHECK_CODE(dtype == QR_DTYPE_F32 || dtype == QR_DTYPE_BF16 || dtype == QR_DTYPE_F16,
-                QR_STATUS_UNSUPPORTED, "blockwise quantizes f32, bf16 or f16 sources; got ",
-                dtype_str(dtype), ". Convert the tensor to one of those first");
-}
-
-float load_element(const void* base, std::int32_t dtype, std::int64_t offset) {
-  switch (dtype) {
-    case QR_DTYPE_F32: return static_cast<const float*>(base)[offset];
-    case QR_DTYPE_BF16: return num::bf16_to_f32(static_cast<const std::uint16_t*>(base)[offset]);
-    default: return num::f16_to_f32(static_cast<const std::uint16_t*>(base)[offset]);
-  }
-}
+void check_source_dtype(std::int32_t dtype) { sdk::check_source_dtype(dtype, "blockwise"); }
 
 }  // namespace
 
@@ -78,10 +68,7 @@ const char* block_shape_name(BlockShape shape) {
   return shape == BlockShape::k1x128 ? "1x128" : "128x128";
 }
 
-const char* dtype_str(std::int32_t dtype) {
-  if (dtype < QR_DTYPE_F32 || dtype > QR_DTYPE_F64) return "unknown dtype";
-  return dtype_name(static_cast<DType>(dtype)).data();  // names are NUL-terminated literals
-}
+const char* dtype_str(std::int32_t dtype) { return sdk::dtype_str(dtype); }
 
 float value_for_inf(qr_dtype src_dtype) {
   switch (src_dtype) {
@@ -140,36 +127,11 @@ qr_direction_layout layout(std::int64_t rows, std::int64_t cols, BlockShape bloc
 }
 
 std::vector<float> load_f32(const qr_tensor_view& src) {
-  QR_CHECK(src.struct_size >= sizeof(qr_tensor_view), "source view struct_size ",
-           src.struct_size, " is smaller than this build's ", sizeof(qr_tensor_view));
-  QR_CHECK(src.ndim >= 0 && src.ndim <= QR_MAX_DIMS, "source view has ndim ", src.ndim,
-           "; expected 0..", QR_MAX_DIMS);
-  check_source_dtype(src.dtype);
-  QR_CHECK_CODE(src.device.type == QR_DEVICE_CPU, QR_STATUS_UNSUPPORTED,
-                "the blockwise CPU reference reads host memory; the source is on cuda:",
-                src.device.index);
-  std::int64_t n = 1;
-  for (int d = 0; d < src.ndim; ++d) {
-    QR_CHECK(src.shape[d] >= 0, "source dimension ", d, " is negative (", src.shape[d], ")");
-    n *= src.shape[d];
-  }
-  std::vector<float> out(static_cast<std::size_t>(n));
-  if (n == 0) return out;
+  sdk::check_source_view(src, "blockwise", sdk::SourceDevice::kHostUnsupported);
+  const std::int64_t n = sdk::numel(src);
+  if (n == 0) return {};
   QR_CHECK(src.data != nullptr, "source view of ", n, " elements has no data pointer");
-  // Walk the view with an N-D counter, so any strides (0, negative, padded rows) work.
-  std::int64_t index[QR_MAX_DIMS] = {};
-  std::int64_t offset = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    out[static_cast<std::size_t>(i)] = load_element(src.data, src.dtype, offset);
-    for (int d = src.ndim - 1; d >= 0; --d) {
-      ++index[d];
-      offset += src.strides[d];
-      if (index[d] < src.shape[d]) break;
-      offset -= src.strides[d] * src.shape[d];
-      index[d] = 0;
-    }
-  }
-  return out;
+  return sdk::gather_f32(src);  // any strides (0, negative, padded rows)
 }
 
 float tensor_amax(const std::vector<float>& x) {
@@ -220,12 +182,7 @@ void dequantize(const std::uint8_t* data, const float* scale_inv, std::int64_t r
     for (std::int64_t c = 0; c < cols; ++c) {
       const float s = scale_inv[g.scale_offset(r / g.block_rows, c / g.block_cols)];
       const float v = num_bw::decode(data[g.data_offset(r, c)], s);
-      const std::int64_t o = r * cols + c;
-      switch (dst_dtype) {
-        case QR_DTYPE_F32: static_cast<float*>(dst)[o] = v; break;
-        case QR_DTYPE_BF16: static_cast<std::uint16_t*>(dst)[o] = num::f32_to_bf16(v); break;
-        default: static_cast<std::uint16_t*>(dst)[o] = num::f32_to_f16(v); break;
-      }
+      sdk::store_f32_as(dst, dst_dtype, r * cols + c, v);
     }
   }
 }

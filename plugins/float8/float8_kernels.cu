@@ -34,6 +34,7 @@
 #include <utility>
 
 #include "qrecipe/conversions.hpp"
+#include "qrecipe/cuda_sdk.cuh"
 #include "qrecipe/error.hpp"
 #include "qrecipe/fast_conversions.cuh"
 #include "qrecipe/scaling.hpp"
@@ -43,38 +44,15 @@ namespace {
 
 // ---------------------------------------------------------------- 1. checking, launch sizes
 
-void check_cuda(cudaError_t status, const char* call, const std::string& where) {
-  if (status == cudaSuccess) return;
-  throw Error(QR_STATUS_DEVICE_ERROR, where,
-              detail::concat("float8: CUDA call `", call, "` failed with ",
-                             cudaGetErrorName(status), " (", cudaGetErrorString(status),
-                             "). Check that the tensors live on the device the call names and "
-                             "that the CUDA driver supports this build's toolkit"));
-}
-#define QR_CUDA_CHECK(call) check_cuda((call), #call, QR_WHERE())
-// After a <<<...>>> launch: reports a bad configuration (and earlier asynchronous errors).
-#define QR_CUDA_CHECK_LAUNCH(kernel_name) \
-  check_cuda(cudaGetLastError(), "launch of " kernel_name, QR_WHERE())
+constexpr const char* kFormat = "float8";  // for QR_CUDA_CHECK (cuda_sdk.cuh)
 
-// Makes `index` the current device for the lifetime of the guard.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int index) : index_(index) {
-    QR_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != index_) QR_CUDA_CHECK(cudaSetDevice(index_));
-  }
-  ~DeviceGuard() {
-    if (previous_ != index_) cudaSetDevice(previous_);  // best effort in a destructor
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int index_;
-  int previous_ = 0;
-};
-
-cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+// Shared helpers (qrecipe/cuda_sdk.cuh).
+using sdk::cuda::DeviceGuard;
+using sdk::cuda::amax_of;
+using sdk::cuda::as_stream;
+using sdk::cuda::atomic_max_nonnegative;
+using sdk::cuda::block_max;
+using sdk::cuda::is_aligned;
 
 // Blocks of `kernel` (launched with `threads` threads and no dynamic shared memory) that fit
 // on the current device at once: SM count x resident blocks per SM. Asked from the runtime
@@ -103,10 +81,6 @@ unsigned grid_stride_blocks(const void* kernel, int threads, std::int64_t items,
   const std::int64_t wanted = (items + per_block - 1) / per_block;
   const std::int64_t resident = resident_blocks(kernel, threads);
   return static_cast<unsigned>(wanted < 1 ? 1 : (wanted < resident ? wanted : resident));
-}
-
-bool is_aligned(const void* p, std::size_t bytes) {
-  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
 }
 
 // ---------------------------------------------------------------- 2. element traits
@@ -182,37 +156,6 @@ __device__ __forceinline__ void encode_words(const float (&x)[N], float scale,
   for (int w = 0; w < N / 4; ++w)
     words[w] = Out::encode4(x[4 * w] * scale, x[4 * w + 1] * scale, x[4 * w + 2] * scale,
                             x[4 * w + 3] * scale);
-}
-
-// |x| into a running amax: fmaxf ignores NaN, like the reference; the sign bit is cleared,
-// so -0 becomes +0 and the bit ordering of atomic_max_nonnegative holds.
-__device__ __forceinline__ float amax_of(float running, float x) {
-  return fmaxf(running, num::abs_f(x));
-}
-
-// Max over the block of every thread's `v` (all threads must call it; result valid in all).
-template <int kThreads>
-__device__ float block_max(float v) {
-  static_assert(kThreads % 32 == 0 && kThreads <= 1024, "block size must be whole warps");
-  constexpr int kWarps = kThreads / 32;
-  __shared__ float warp_max[kWarps];
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, offset));
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_max[warp] = v;
-  __syncthreads();
-  float result = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) result = fmaxf(result, warp_max[w]);
-  __syncthreads();  // warp_max may be reused by a later call
-  return result;
-}
-
-// Max of non-negative floats through their bit patterns: for x, y >= +0 (never NaN, never
-// -0), x < y exactly when bits(x) < bits(y) as unsigned integers. +inf orders last.
-__device__ __forceinline__ void atomic_max_nonnegative(float* address, float value) {
-  atomicMax(reinterpret_cast<unsigned int*>(address), __float_as_uint(value));
 }
 
 __device__ __forceinline__ float resolve_scale(const ScaleSource& s) {
@@ -665,7 +608,7 @@ void compute_amax(const void* src, qr_dtype src_dtype, std::int64_t numel, float
   QR_CHECK(amax_out != nullptr, "float8 CUDA compute_amax: amax_out is null");
   QR_CHECK(numel == 0 || src != nullptr, "float8 CUDA compute_amax: source of ", numel,
            " elements has a null data pointer");
-  DeviceGuard guard(device_index);
+  DeviceGuard guard(device_index, kFormat);
   const cudaStream_t s = as_stream(stream);
   QR_CUDA_CHECK(cudaMemsetAsync(amax_out, 0, sizeof(float), s));
   if (numel == 0) return;
@@ -678,7 +621,7 @@ void compute_amax(const void* src, qr_dtype src_dtype, std::int64_t numel, float
 
 float compute_amax_to_host(const void* src, qr_dtype src_dtype, std::int64_t numel,
                            int device_index, void* stream) {
-  DeviceGuard guard(device_index);
+  DeviceGuard guard(device_index, kFormat);
   const cudaStream_t s = as_stream(stream);
   // A stream-ordered temporary, freed on every path (exceptions included).
   struct Scratch {
@@ -708,7 +651,7 @@ void cast_transpose(const CastTransposeArgs& a) {
     QR_CHECK(acc == nullptr || acc != a.scale.device_amax,
              "float8 CUDA cast_transpose: the amax that sets the scale cannot also accumulate "
              "this cast's amax");
-  DeviceGuard guard(a.device_index);
+  DeviceGuard guard(a.device_index, kFormat);
   switch (a.src_dtype) {
     case QR_DTYPE_F32: dispatch_cast<F32In>(a); break;
     case QR_DTYPE_BF16: dispatch_cast<BF16In>(a); break;
@@ -727,7 +670,7 @@ void dequantize(const std::uint8_t* data, qr_dtype data_dtype, bool transposed,
   QR_CHECK(scale_inv != nullptr, "float8 CUDA dequantize: scale_inv is null");
   const std::int64_t numel = rows * cols;
   if (numel == 0) return;
-  DeviceGuard guard(device_index);
+  DeviceGuard guard(device_index, kFormat);
   std::int64_t blocks = (numel + kDequantizeThreads - 1) / kDequantizeThreads;
   if (blocks > kDequantizeMaxBlocks) blocks = kDequantizeMaxBlocks;
   const cudaStream_t s = as_stream(stream);
@@ -742,13 +685,13 @@ void dequantize(const std::uint8_t* data, qr_dtype data_dtype, bool transposed,
 
 void write_scalars(float* dst0, float* dst1, float value, float* max_into, float max_value,
                    int device_index, void* stream) {
-  DeviceGuard guard(device_index);
+  DeviceGuard guard(device_index, kFormat);
   write_scalars_kernel<<<1, 1, 0, as_stream(stream)>>>(dst0, dst1, value, max_into, max_value);
   QR_CUDA_CHECK_LAUNCH("write_scalars_kernel");
 }
 
 float read_scalar(const float* src, int device_index, void* stream) {
-  DeviceGuard guard(device_index);
+  DeviceGuard guard(device_index, kFormat);
   float value = 0.0f;
   QR_CUDA_CHECK(
       cudaMemcpyAsync(&value, src, sizeof(float), cudaMemcpyDeviceToHost, as_stream(stream)));

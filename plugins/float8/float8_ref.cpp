@@ -7,6 +7,7 @@
 #include "qrecipe/conversions.hpp"
 #include "qrecipe/dtype.hpp"
 #include "qrecipe/error.hpp"
+#include "qrecipe/plugin_sdk_tensor.hpp"
 #include "qrecipe/scaling.hpp"
 
 namespace qrecipe::float8::ref {
@@ -17,63 +18,15 @@ void check_fp8_dtype(qr_dtype data_dtype) {
            "float8 data dtype must be e4m3 or e5m2; got ", dtype_str(data_dtype));
 }
 
-// Reads element `offset` (in elements) of a f32/bf16/f16 buffer as FP32 (exact widening).
-float load_f32(const void* base, std::int32_t dtype, std::int64_t offset) {
-  switch (dtype) {
-    case QR_DTYPE_F32: return static_cast<const float*>(base)[offset];
-    case QR_DTYPE_BF16: return num::bf16_to_f32(static_cast<const std::uint16_t*>(base)[offset]);
-    default: return num::f16_to_f32(static_cast<const std::uint16_t*>(base)[offset]);
-  }
-}
-
 void check_source(const qr_tensor_view& src) {
-  QR_CHECK(src.struct_size >= sizeof(qr_tensor_view), "source view struct_size ",
-           src.struct_size, " is smaller than this build's ", sizeof(qr_tensor_view));
-  QR_CHECK(src.ndim >= 0 && src.ndim <= QR_MAX_DIMS, "source view has ndim ", src.ndim,
-           "; expected 0..", QR_MAX_DIMS);
-  QR_CHECK_CODE(src.dtype == QR_DTYPE_F32 || src.dtype == QR_DTYPE_BF16 ||
-                    src.dtype == QR_DTYPE_F16,
-                QR_STATUS_UNSUPPORTED, "float8 quantizes f32, bf16 or f16 sources; got ",
-                dtype_str(src.dtype), ". Convert the tensor to one of those first");
-  QR_CHECK(src.device.type == QR_DEVICE_CPU,
-           "the float8 CPU reference reads host memory; the source is on cuda:", src.device.index);
-  for (int d = 0; d < src.ndim; ++d)
-    QR_CHECK(src.shape[d] >= 0, "source dimension ", d, " is negative (", src.shape[d], ")");
+  sdk::check_source_view(src, "float8", sdk::SourceDevice::kHostInvalidArgument);
 }
 
-std::int64_t numel(const qr_tensor_view& v) {
-  std::int64_t n = 1;
-  for (int d = 0; d < v.ndim; ++d) n *= v.shape[d];
-  return n;
-}
-
-// Calls fn(value) for every element of src in logical row-major order. Strided views are
-// walked with an N-D counter, so any strides (including 0 and negative) are fine.
-template <class Fn>
-void for_each_element(const qr_tensor_view& src, Fn&& fn) {
-  const std::int64_t n = numel(src);
-  if (n == 0) return;
-  std::int64_t index[QR_MAX_DIMS] = {};
-  std::int64_t offset = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    fn(load_f32(src.data, src.dtype, offset));
-    // Advance the counter: bump the last dimension, carrying into earlier ones.
-    for (int d = src.ndim - 1; d >= 0; --d) {
-      ++index[d];
-      offset += src.strides[d];
-      if (index[d] < src.shape[d]) break;
-      offset -= src.strides[d] * src.shape[d];
-      index[d] = 0;
-    }
-  }
-}
+using sdk::for_each_element;
 
 }  // namespace
 
-const char* dtype_str(std::int32_t dtype) {
-  if (dtype < QR_DTYPE_F32 || dtype > QR_DTYPE_F64) return "unknown dtype";
-  return dtype_name(static_cast<DType>(dtype)).data();  // names are NUL-terminated literals
-}
+const char* dtype_str(std::int32_t dtype) { return sdk::dtype_str(dtype); }
 
 float fp8_max(qr_dtype data_dtype) {
   check_fp8_dtype(data_dtype);
@@ -133,12 +86,7 @@ void dequantize(const std::uint8_t* data, qr_dtype data_dtype, std::int64_t rows
     for (std::int64_t c = 0; c < cols; ++c) {
       const std::uint8_t code = transposed ? data[c * rows + r] : data[r * cols + c];
       const float v = decode_scaled(code, data_dtype, scale_inv);
-      const std::int64_t o = r * cols + c;
-      switch (dst_dtype) {
-        case QR_DTYPE_F32: static_cast<float*>(dst)[o] = v; break;
-        case QR_DTYPE_BF16: static_cast<std::uint16_t*>(dst)[o] = num::f32_to_bf16(v); break;
-        default: static_cast<std::uint16_t*>(dst)[o] = num::f32_to_f16(v); break;
-      }
+      sdk::store_f32_as(dst, dst_dtype, r * cols + c, v);
     }
   }
 }

@@ -53,6 +53,7 @@
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 #include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/plugin_sdk_tensor.hpp"
 #include "qrecipe/tensor.hpp"
 
 namespace qrecipe::hybrid {
@@ -254,21 +255,9 @@ class ScratchDirection {
 
 // ---------------------------------------------------------------- 4. the quantizer
 
-std::int64_t view_rows(const qr_tensor_view& v) {
-  std::int64_t r = 1;
-  for (int d = 0; d + 1 < v.ndim; ++d) r *= v.shape[d];
-  return r;
-}
-std::int64_t view_cols(const qr_tensor_view& v) { return v.ndim == 0 ? 1 : v.shape[v.ndim - 1]; }
-
-const char* usage_name(std::uint32_t usage) {
-  switch (usage) {
-    case QR_USAGE_ROWWISE: return "rowwise";
-    case QR_USAGE_COLUMNWISE: return "columnwise";
-    case QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE: return "rowwise+columnwise";
-    default: return "no direction";
-  }
-}
+using sdk::usage_name;
+using sdk::view_cols;
+using sdk::view_rows;
 
 class HybridQuantizer final : public sdk::QuantizerBase {
  public:

@@ -32,6 +32,7 @@
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 #include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/plugin_sdk_tensor.hpp"
 #include "qrecipe/tensor.hpp"
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
 #include "mxfp8_kernels.hpp"
@@ -65,26 +66,10 @@ const char* direction_str(qr_direction d) {
 std::uint32_t usage_bit(qr_direction d) {
   return d == QR_DIRECTION_ROWWISE ? QR_USAGE_ROWWISE : QR_USAGE_COLUMNWISE;
 }
-const char* usage_name(std::uint32_t usage) {
-  switch (usage) {
-    case QR_USAGE_ROWWISE: return "rowwise";
-    case QR_USAGE_COLUMNWISE: return "columnwise";
-    case QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE: return "rowwise+columnwise";
-    default: return "no direction";
-  }
-}
-
-// The 2-D logical shape of a view: [prod(leading dims), last dim].
-std::int64_t view_rows(const qr_tensor_view& v) {
-  std::int64_t r = 1;
-  for (int d = 0; d + 1 < v.ndim; ++d) r *= v.shape[d];
-  return r;
-}
-std::int64_t view_cols(const qr_tensor_view& v) { return v.ndim == 0 ? 1 : v.shape[v.ndim - 1]; }
-
-std::string device_str(const qr_device& d) {
-  return d.type == QR_DEVICE_CPU ? "cpu" : "cuda:" + std::to_string(d.index);
-}
+using sdk::device_str;
+using sdk::usage_name;
+using sdk::view_cols;
+using sdk::view_rows;
 
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
 constexpr bool kHasCuda = true;
@@ -173,14 +158,7 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
 
   void quantize(const qr_tensor_view& src, const qr_quantize_args& args,
                 qr_quantized_tensor& dst) override {
-    QR_CHECK(args.struct_size >= sizeof(qr_quantize_args), "qr_quantize_args struct_size ",
-             args.struct_size, " is smaller than this plugin's ", sizeof(qr_quantize_args));
-    const std::uint32_t usage = args.usage;
-    QR_CHECK(usage != 0 && (usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0,
-             "mxfp8 quantize: usage must be rowwise (1), columnwise (2) or both (3); got ", usage);
-    QR_CHECK((dst.usage & usage) == usage, "mxfp8 quantize: ", usage_name(usage),
-             " requested but the destination holds ", usage_name(dst.usage),
-             "; allocate the destination with the requested usage");
+    const std::uint32_t usage = sdk::check_quantize_usage(args, dst, "mxfp8");
     require_supported_device(src.device, "quantize", "the source");
     const std::int64_t rows = view_rows(src), cols = view_cols(src);
     QR_CHECK(dst.rows == rows && dst.cols == cols, "mxfp8 quantize: the source is ", rows, " x ",

@@ -32,59 +32,36 @@
 
 #include "mxfp8_numerics.hpp"
 #include "qrecipe/conversions.hpp"
+#include "qrecipe/cuda_sdk.cuh"
 #include "qrecipe/error.hpp"
+#include "qrecipe/plugin_sdk.hpp"
 
 namespace qrecipe::mxfp8::cuda {
 namespace {
 
 // ---------------------------------------------------------------- 1. checking, traits
 
-void check_cuda(cudaError_t status, const char* call, const std::string& where) {
-  if (status == cudaSuccess) return;
-  throw Error(QR_STATUS_DEVICE_ERROR, where,
-              detail::concat("mxfp8: CUDA call `", call, "` failed with ",
-                             cudaGetErrorName(status), " (", cudaGetErrorString(status),
-                             "). Check that the tensors live on the device the call names and "
-                             "that the CUDA driver supports this build's toolkit"));
-}
-#define QR_CUDA_CHECK(call) check_cuda((call), #call, QR_WHERE())
-// After a <<<...>>> launch: reports a bad configuration (and earlier asynchronous errors).
-#define QR_CUDA_CHECK_LAUNCH(kernel_name) \
-  check_cuda(cudaGetLastError(), "launch of " kernel_name, QR_WHERE())
+constexpr const char* kFormat = "mxfp8";  // for QR_CUDA_CHECK (cuda_sdk.cuh)
 
-// Makes `index` the current device for the lifetime of the guard.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int index) : index_(index) {
-    QR_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != index_) QR_CUDA_CHECK(cudaSetDevice(index_));
-  }
-  ~DeviceGuard() {
-    if (previous_ != index_) cudaSetDevice(previous_);  // best effort in a destructor
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int index_;
-  int previous_ = 0;
-};
-
-cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
-
-// Input element types: storage type and exact widening to FP32 (the reference's Source2D).
-struct F32In {
-  using Storage = float;
-  static __device__ __forceinline__ float to_f32(Storage v) { return v; }
-};
-struct BF16In {
-  using Storage = std::uint16_t;
-  static __device__ __forceinline__ float to_f32(Storage v) { return num::bf16_to_f32(v); }
-};
-struct F16In {
-  using Storage = std::uint16_t;
-  static __device__ __forceinline__ float to_f32(Storage v) { return num::f16_to_f32(v); }
-};
+// Shared helpers (qrecipe/cuda_sdk.cuh).
+using sdk::cuda::DeviceGuard;
+using sdk::cuda::BF16In;
+using sdk::cuda::BF16Out;
+using sdk::cuda::F16In;
+using sdk::cuda::F32In;
+using sdk::cuda::F32Out;
+using sdk::cuda::RunOf;
+using sdk::cuda::amax_of;
+using sdk::cuda::as_stream;
+using sdk::cuda::atomic_max_nonnegative;
+using sdk::cuda::block_max;
+using sdk::cuda::grid_for;
+using sdk::cuda::is_aligned;
+using sdk::cuda::kRunLength;
+using sdk::cuda::load_run;
+using sdk::cuda::store_codes;
+using sdk::cuda::store_floats_shared;
+using sdk::cuda::valid_in_run;
 
 // FP8 element types: which encoder and which fl32(1/fmax).
 struct E4M3Codes {
@@ -96,113 +73,9 @@ struct E5M2Codes {
   static constexpr float kRcp = num_mx::kRcpE5M2;
 };
 
-// Dequantize outputs: the reference's final rounding.
-struct F32Out {
-  using Storage = float;
-  static __device__ __forceinline__ Storage from_f32(float v) { return v; }
-};
-struct BF16Out {
-  using Storage = std::uint16_t;
-  static __device__ __forceinline__ Storage from_f32(float v) { return num::f32_to_bf16(v); }
-};
-
 // ---------------------------------------------------------------- 2. device helpers
 
 constexpr int kBlock = 32;  // elements per MX block (ref::kBlockSize)
-
-// A thread reads runs of consecutive elements with one 16-byte load: 4 f32 or 8 bf16/f16.
-template <class In>
-inline constexpr int kRunLength = 16 / static_cast<int>(sizeof(typename In::Storage));
-
-template <class Storage, int N>
-struct alignas(N * sizeof(Storage) >= 16 ? 16 : N * sizeof(Storage)) RunOf {
-  Storage v[N];
-};
-
-// Loads the run src[offset .. offset + N) holding `valid` (0..N) elements; the missing ones
-// read as 0 (which never changes a block amax). `aligned`: the whole run is in bounds and
-// 16-byte aligned (one vector load).
-template <class In, int N>
-__device__ __forceinline__ void load_run(const typename In::Storage* src, std::int64_t offset,
-                                         int valid, bool aligned, float (&out)[N]) {
-  using Storage = typename In::Storage;
-  if (aligned) {
-    const RunOf<Storage, N> run = *reinterpret_cast<const RunOf<Storage, N>*>(src + offset);
-#pragma unroll
-    for (int k = 0; k < N; ++k) out[k] = In::to_f32(run.v[k]);
-    return;
-  }
-#pragma unroll
-  for (int k = 0; k < N; ++k) out[k] = k < valid ? In::to_f32(src[offset + k]) : 0.0f;
-}
-
-// Stores `valid` codes at dst[offset ..]; a whole, 4-byte aligned run goes out as N / 4
-// 32-bit words (little-endian: codes[0] is the lowest byte).
-template <int N>
-__device__ __forceinline__ void store_codes(std::uint8_t* dst, std::int64_t offset, int valid,
-                                            bool aligned, const std::uint8_t (&codes)[N]) {
-  static_assert(N % 4 == 0, "runs are stored as whole 32-bit words");
-  if (aligned) {
-#pragma unroll
-    for (int w = 0; w < N / 4; ++w) {
-      const std::uint32_t word = static_cast<std::uint32_t>(codes[4 * w]) |
-                                 (static_cast<std::uint32_t>(codes[4 * w + 1]) << 8) |
-                                 (static_cast<std::uint32_t>(codes[4 * w + 2]) << 16) |
-                                 (static_cast<std::uint32_t>(codes[4 * w + 3]) << 24);
-      *reinterpret_cast<std::uint32_t*>(dst + offset + 4 * w) = word;
-    }
-    return;
-  }
-#pragma unroll
-  for (int k = 0; k < N; ++k)  // constant indices keep `codes` in registers
-    if (k < valid) dst[offset + k] = codes[k];
-}
-
-// N floats to 16-byte aligned shared memory as N / 4 vector stores (conflict-free).
-template <int N>
-__device__ __forceinline__ void store_floats_shared(float* dst, const float (&v)[N]) {
-  static_assert(N % 4 == 0, "whole float4s");
-#pragma unroll
-  for (int i = 0; i < N / 4; ++i)
-    reinterpret_cast<float4*>(dst)[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2],
-                                                    v[4 * i + 3]);
-}
-
-// Elements of a run that lie inside a dimension of `extent` when the run starts at `start`.
-__device__ __forceinline__ int valid_in_run(std::int64_t start, std::int64_t extent, int n) {
-  if (start >= extent) return 0;
-  return extent - start < n ? static_cast<int>(extent - start) : n;
-}
-
-// |x| folded into a running max; fmaxf ignores NaN, like the reference's std::fmax.
-__device__ __forceinline__ float amax_of(float running, float x) {
-  return fmaxf(running, num::abs_f(x));
-}
-
-// Max over the block of every thread's `v` (all threads must call it; result valid in all).
-template <int kThreads>
-__device__ float block_max(float v) {
-  static_assert(kThreads % 32 == 0 && kThreads <= 1024, "block size must be whole warps");
-  constexpr int kWarps = kThreads / 32;
-  __shared__ float warp_max[kWarps];
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, offset));
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_max[warp] = v;
-  __syncthreads();
-  float result = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) result = fmaxf(result, warp_max[w]);
-  __syncthreads();  // warp_max may be reused by a later call
-  return result;
-}
-
-// Max of non-negative floats through their bit patterns: for x, y >= +0 (never NaN, never
-// -0), x < y exactly when bits(x) < bits(y) as unsigned integers. +inf orders last.
-__device__ __forceinline__ void atomic_max_nonnegative(float* address, float value) {
-  atomicMax(reinterpret_cast<unsigned int*>(address), __float_as_uint(value));
-}
 
 // ---------------------------------------------------------------- 3. kernels
 
@@ -403,43 +276,9 @@ __global__ void __launch_bounds__(kDequantizeThreads)
   }
 }
 
-// amax: grid-stride over 16-byte runs, a block max, then one atomic per block.
-constexpr int kAmaxThreads = 256;
-constexpr std::int64_t kAmaxMaxBlocks = 2048;
-
-template <class In>
-__global__ void __launch_bounds__(kAmaxThreads)
-    amax_kernel(const typename In::Storage* src, std::int64_t numel, bool src_aligned,
-                float* amax_out) {
-  constexpr int N = kRunLength<In>;
-  const std::int64_t runs = (numel + N - 1) / N;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  float running = 0.0f;
-  for (std::int64_t run = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       run < runs; run += stride) {
-    const std::int64_t offset = run * N;
-    const int valid = valid_in_run(offset, numel, N);
-    float x[N];
-    load_run<In, N>(src, offset, valid, src_aligned && valid == N, x);
-#pragma unroll
-    for (int k = 0; k < N; ++k) running = amax_of(running, x[k]);  // padding reads 0
-  }
-  const float block = block_max<kAmaxThreads>(running);
-  if (threadIdx.x == 0 && block > 0.0f) atomic_max_nonnegative(amax_out, block);
-}
-
 // ---------------------------------------------------------------- 4. launchers, entries
 
-bool is_aligned(const void* p, std::size_t bytes) {
-  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
-}
-
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-
-unsigned grid_for(std::int64_t work_items, int threads, std::int64_t max_blocks) {
-  const std::int64_t blocks = ceil_div(work_items, threads);
-  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > max_blocks ? max_blocks : blocks));
-}
+using sdk::ceil_div;  // qrecipe/plugin_sdk.hpp
 
 void check_source_dtype(qr_dtype dtype, const char* entry) {
   QR_CHECK_CODE(dtype == QR_DTYPE_F32 || dtype == QR_DTYPE_BF16 || dtype == QR_DTYPE_F16,
@@ -485,14 +324,6 @@ void dispatch_quantize(const QuantizeArgs& a) {
   else launch_quantize<In, E5M2Codes>(a);
 }
 
-template <class In>
-void launch_amax(const void* src, std::int64_t numel, float* amax_out, cudaStream_t stream) {
-  const std::int64_t runs = ceil_div(numel, kRunLength<In>);
-  amax_kernel<In><<<grid_for(runs, kAmaxThreads, kAmaxMaxBlocks), kAmaxThreads, 0, stream>>>(
-      static_cast<const typename In::Storage*>(src), numel, is_aligned(src, 16), amax_out);
-  QR_CUDA_CHECK_LAUNCH("mxfp8 amax_kernel");
-}
-
 }  // namespace
 
 void quantize(const QuantizeArgs& a) {
@@ -512,7 +343,7 @@ void quantize(const QuantizeArgs& a) {
                (a.columnwise_scale != nullptr && a.columnwise_scale_ld >= a.cols),
            "mxfp8 CUDA quantize: the columnwise scale buffer is null or its rows (",
            a.columnwise_scale_ld, " bytes) are shorter than ", a.cols, " columns");
-  DeviceGuard guard(a.device_index);
+  DeviceGuard guard(a.device_index, kFormat);
   switch (a.src_dtype) {
     case QR_DTYPE_F32: dispatch_quantize<F32In>(a); break;
     case QR_DTYPE_BF16: dispatch_quantize<BF16In>(a); break;
@@ -542,7 +373,7 @@ void dequantize(const std::uint8_t* data, const std::uint8_t* scale, std::int64_
   p.cols = cols;
   p.runs_per_row = ceil_div(cols, kDequantizeRun);
   p.aligned = cols % kDequantizeRun == 0 && is_aligned(data, 16) && is_aligned(dst, 16);
-  DeviceGuard guard(device_index);
+  DeviceGuard guard(device_index, kFormat);
   const unsigned blocks = grid_for(rows * p.runs_per_row, kDequantizeThreads, kDequantizeMaxBlocks);
   const cudaStream_t s = as_stream(stream);
   if (dst_dtype == QR_DTYPE_F32)
@@ -556,31 +387,7 @@ void dequantize(const std::uint8_t* data, const std::uint8_t* scale, std::int64_
 float compute_amax_to_host(const void* src, qr_dtype src_dtype, std::int64_t numel,
                            int device_index, void* stream) {
   check_source_dtype(src_dtype, "compute_amax");
-  QR_CHECK(numel >= 0, "mxfp8 CUDA compute_amax: negative element count ", numel);
-  if (numel == 0) return 0.0f;
-  QR_CHECK(src != nullptr, "mxfp8 CUDA compute_amax: source of ", numel,
-           " elements has a null data pointer");
-  DeviceGuard guard(device_index);
-  const cudaStream_t s = as_stream(stream);
-  // A stream-ordered temporary, freed on every path (exceptions included).
-  struct Scratch {
-    float* ptr = nullptr;
-    cudaStream_t stream;
-    ~Scratch() {
-      if (ptr) cudaFreeAsync(ptr, stream);
-    }
-  } scratch{nullptr, s};
-  QR_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&scratch.ptr), sizeof(float), s));
-  QR_CUDA_CHECK(cudaMemsetAsync(scratch.ptr, 0, sizeof(float), s));
-  switch (src_dtype) {
-    case QR_DTYPE_F32: launch_amax<F32In>(src, numel, scratch.ptr, s); break;
-    case QR_DTYPE_BF16: launch_amax<BF16In>(src, numel, scratch.ptr, s); break;
-    default: launch_amax<F16In>(src, numel, scratch.ptr, s); break;
-  }
-  float value = 0.0f;
-  QR_CUDA_CHECK(cudaMemcpyAsync(&value, scratch.ptr, sizeof(float), cudaMemcpyDeviceToHost, s));
-  QR_CUDA_CHECK(cudaStreamSynchronize(s));
-  return value;
+  return sdk::cuda::amax_to_host(src, src_dtype, numel, device_index, stream, kFormat);
 }
 
 }  // namespace qrecipe::mxfp8::cuda

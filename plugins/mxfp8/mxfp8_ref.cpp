@@ -11,12 +11,14 @@
 #include "qrecipe/conversions.hpp"
 #include "qrecipe/dtype.hpp"
 #include "qrecipe/error.hpp"
+#include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/plugin_sdk_tensor.hpp"
 
 namespace qrecipe::mxfp8::ref {
 namespace {
 
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-std::int64_t round_up(std::int64_t a, std::int64_t m) { return ceil_div(a, m) * m; }
+using sdk::ceil_div;
+using sdk::round_up;
 
 // Random access to the logical [rows, cols] view of a strided f32/bf16/f16 source of any
 // rank. The offset of every row is computed once, walking the leading dimensions with an
@@ -24,25 +26,10 @@ std::int64_t round_up(std::int64_t a, std::int64_t m) { return ceil_div(a, m) * 
 class Source2D {
  public:
   explicit Source2D(const qr_tensor_view& src) : src_(src) {
-    QR_CHECK(src.struct_size >= sizeof(qr_tensor_view), "source view struct_size ",
-             src.struct_size, " is smaller than this build's ", sizeof(qr_tensor_view));
-    QR_CHECK(src.ndim >= 0 && src.ndim <= QR_MAX_DIMS, "source view has ndim ", src.ndim,
-             "; expected 0..", QR_MAX_DIMS);
-    QR_CHECK_CODE(src.dtype == QR_DTYPE_F32 || src.dtype == QR_DTYPE_BF16 ||
-                      src.dtype == QR_DTYPE_F16,
-                  QR_STATUS_UNSUPPORTED, "mxfp8 quantizes f32, bf16 or f16 sources; got ",
-                  dtype_str(src.dtype), ". Convert the tensor to one of those first");
-    QR_CHECK(src.device.type == QR_DEVICE_CPU,
-             "the mxfp8 CPU reference reads host memory; the source is on cuda:",
-             src.device.index);
-    for (int d = 0; d < src.ndim; ++d)
-      QR_CHECK(src.shape[d] >= 0, "source dimension ", d, " is negative (", src.shape[d], ")");
-
-    cols_ = src.ndim == 0 ? 1 : src.shape[src.ndim - 1];
+    sdk::check_source_view(src, "mxfp8", sdk::SourceDevice::kHostInvalidArgument);
+    sdk::matrix_shape(src, rows_, cols_);
     col_stride_ = src.ndim == 0 ? 0 : src.strides[src.ndim - 1];
     const int leading = src.ndim == 0 ? 0 : src.ndim - 1;
-    rows_ = 1;
-    for (int d = 0; d < leading; ++d) rows_ *= src.shape[d];
     QR_CHECK(src.data != nullptr || rows_ * cols_ == 0, "source has no data pointer");
     row_offset_.resize(static_cast<std::size_t>(rows_));
     std::int64_t index[QR_MAX_DIMS] = {};
@@ -65,11 +52,7 @@ class Source2D {
   // Element (r, c) widened exactly to FP32.
   float at(std::int64_t r, std::int64_t c) const {
     const std::int64_t o = row_offset_[static_cast<std::size_t>(r)] + c * col_stride_;
-    switch (src_.dtype) {
-      case QR_DTYPE_F32: return static_cast<const float*>(src_.data)[o];
-      case QR_DTYPE_BF16: return num::bf16_to_f32(static_cast<const std::uint16_t*>(src_.data)[o]);
-      default: return num::f16_to_f32(static_cast<const std::uint16_t*>(src_.data)[o]);
-    }
+    return sdk::load_f32(src_.data, src_.dtype, o);
   }
 
  private:
@@ -91,10 +74,7 @@ ScaleShape columnwise_scale_shape(std::int64_t rows, std::int64_t cols) {
   return {round_up(ceil_div(rows, kBlockSize), kScaleTileShort), round_up(cols, kScaleTileLong)};
 }
 
-const char* dtype_str(std::int32_t dtype) {
-  if (dtype < QR_DTYPE_F32 || dtype > QR_DTYPE_F64) return "unknown dtype";
-  return dtype_name(static_cast<DType>(dtype)).data();  // names are NUL-terminated literals
-}
+const char* dtype_str(std::int32_t dtype) { return sdk::dtype_str(dtype); }
 
 void check_data_dtype(std::int32_t data_dtype) {
   QR_CHECK(data_dtype == QR_DTYPE_E4M3 || data_dtype == QR_DTYPE_E5M2,
@@ -179,11 +159,7 @@ void dequantize(const std::uint8_t* data, const std::uint8_t* scale,
       const std::uint8_t e = rowwise ? scale[r * scale_row_stride + c / kBlockSize]
                                      : scale[(r / kBlockSize) * scale_row_stride + c];
       const float v = decode(data[r * cols + c], e, data_dtype);
-      const std::int64_t o = r * cols + c;
-      if (dst_dtype == QR_DTYPE_F32)
-        static_cast<float*>(dst)[o] = v;
-      else
-        static_cast<std::uint16_t*>(dst)[o] = num::f32_to_bf16(v);
+      sdk::store_f32_as(dst, dst_dtype, r * cols + c, v);  // dst_dtype is f32 or bf16
     }
   }
 }

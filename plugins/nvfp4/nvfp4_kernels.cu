@@ -45,96 +45,35 @@
 #include "nvfp4_rules.hpp"
 #include "philox.hpp"
 #include "qrecipe/conversions.hpp"
+#include "qrecipe/cuda_sdk.cuh"
 #include "qrecipe/error.hpp"
+#include "qrecipe/plugin_sdk.hpp"
 
 namespace qrecipe::nvfp4::cuda {
 namespace {
 
 // ---------------------------------------------------------------- 1. checking, traits
 
-void check_cuda(cudaError_t status, const char* call, const std::string& where) {
-  if (status == cudaSuccess) return;
-  throw Error(QR_STATUS_DEVICE_ERROR, where,
-              detail::concat("nvfp4: CUDA call `", call, "` failed with ",
-                             cudaGetErrorName(status), " (", cudaGetErrorString(status),
-                             "). Check that the tensors live on the device the call names and "
-                             "that the CUDA driver supports this build's toolkit"));
-}
-#define QR_CUDA_CHECK(call) check_cuda((call), #call, QR_WHERE())
-// After a <<<...>>> launch: reports a bad configuration (and earlier asynchronous errors).
-#define QR_CUDA_CHECK_LAUNCH(kernel_name) \
-  check_cuda(cudaGetLastError(), "launch of " kernel_name, QR_WHERE())
+constexpr const char* kFormat = "nvfp4";  // for QR_CUDA_CHECK (cuda_sdk.cuh)
 
-// Makes `index` the current device for the lifetime of the guard.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int index) : index_(index) {
-    QR_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != index_) QR_CUDA_CHECK(cudaSetDevice(index_));
-  }
-  ~DeviceGuard() {
-    if (previous_ != index_) cudaSetDevice(previous_);  // best effort in a destructor
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int index_;
-  int previous_ = 0;
-};
-
-cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
-
-// Input element types: storage type and exact widening to FP32 (the reference's load_f32).
-struct F32In {
-  using Storage = float;
-  static __device__ __forceinline__ float to_f32(Storage v) { return v; }
-};
-struct BF16In {
-  using Storage = std::uint16_t;
-  static __device__ __forceinline__ float to_f32(Storage v) { return num::bf16_to_f32(v); }
-};
-struct F16In {
-  using Storage = std::uint16_t;
-  static __device__ __forceinline__ float to_f32(Storage v) { return num::f16_to_f32(v); }
-};
+// Shared helpers (qrecipe/cuda_sdk.cuh).
+using sdk::cuda::DeviceGuard;
+using sdk::cuda::BF16In;
+using sdk::cuda::F16In;
+using sdk::cuda::F32In;
+using sdk::cuda::as_stream;
+using sdk::cuda::atomic_max_nonnegative;
+using sdk::cuda::block_max;
+using sdk::cuda::is_aligned;
+using sdk::cuda::kRunLength;
+using sdk::cuda::load_run;  // runs of kRunLength: 16 bytes, alignas(16)
+using sdk::cuda::valid_in_run;
 
 // ---------------------------------------------------------------- 2. device helpers
 
 constexpr int kBlock = rules::kBlockSize;  // 16 elements per block scale
 static_assert(kBlock == kHadamardSize, "a Hadamard run must be exactly one columnwise block");
 static_assert(kBlock % 2 == 0, "blocks start on whole bytes of packed E2M1");
-
-// A thread reads runs of consecutive elements with one 16-byte load: 4 f32 or 8 bf16/f16.
-template <class In>
-inline constexpr int kRunLength = 16 / static_cast<int>(sizeof(typename In::Storage));
-
-template <class Storage, int N>
-struct alignas(N * sizeof(Storage)) RunOf {
-  Storage v[N];
-};
-
-// Elements of a run of n that lie inside a dimension of `extent` when it starts at `start`.
-__device__ __forceinline__ int valid_in_run(std::int64_t start, std::int64_t extent, int n) {
-  if (start >= extent) return 0;
-  return extent - start < n ? static_cast<int>(extent - start) : n;
-}
-
-// Loads src[offset .. offset + N) holding `valid` (0..N) elements; the missing ones read as
-// 0. `aligned`: the whole run is in bounds and 16-byte aligned (one vector load).
-template <class In, int N>
-__device__ __forceinline__ void load_run(const typename In::Storage* src, std::int64_t offset,
-                                         int valid, bool aligned, float (&out)[N]) {
-  using Storage = typename In::Storage;
-  if (aligned) {
-    const RunOf<Storage, N> run = *reinterpret_cast<const RunOf<Storage, N>*>(src + offset);
-#pragma unroll
-    for (int k = 0; k < N; ++k) out[k] = In::to_f32(run.v[k]);
-    return;
-  }
-#pragma unroll
-  for (int k = 0; k < N; ++k) out[k] = k < valid ? In::to_f32(src[offset + k]) : 0.0f;
-}
 
 // The shared-memory tile of both kernels that work per tile (quantize, Hadamard amax).
 struct Tile {
@@ -278,31 +217,6 @@ __device__ __forceinline__ void store_packed(std::uint8_t* dst, const std::uint8
 #pragma unroll
   for (int k = 0; k < kBlock / 2; ++k)  // constant indices keep `bytes` in registers
     if (k < n) dst[k] = bytes[k];
-}
-
-// Max over the block of every thread's `v` (all threads must call it; result valid in all).
-template <int kThreads>
-__device__ float block_max(float v) {
-  static_assert(kThreads % 32 == 0 && kThreads <= 1024, "block size must be whole warps");
-  constexpr int kWarps = kThreads / 32;
-  __shared__ float warp_max[kWarps];
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, offset));
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_max[warp] = v;
-  __syncthreads();
-  float result = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) result = fmaxf(result, warp_max[w]);
-  __syncthreads();  // warp_max may be reused by a later call
-  return result;
-}
-
-// Max of non-negative floats through their bit patterns: for x, y >= +0 (never NaN, never
-// -0), x < y exactly when bits(x) < bits(y) as unsigned integers. +inf orders last.
-__device__ __forceinline__ void atomic_max_nonnegative(float* address, float value) {
-  atomicMax(reinterpret_cast<unsigned int*>(address), __float_as_uint(value));
 }
 
 // ---------------------------------------------------------------- 3. kernels
@@ -534,11 +448,7 @@ __global__ void fill_amax_kernel(float* dst0, float value0, float* dst1, float v
 
 // ---------------------------------------------------------------- 4. launchers, entries
 
-bool is_aligned(const void* p, std::size_t bytes) {
-  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
-}
-
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+using sdk::ceil_div;  // qrecipe/plugin_sdk.hpp
 
 // Bytes of one packed data row and the pitch of a scale array (nvfp4_ref.hpp layouts).
 std::int64_t packed_pitch(std::int64_t data_cols) { return ceil_div(data_cols, 2); }
@@ -634,7 +544,7 @@ void compute_amax_to_host(const void* src, qr_dtype src_dtype, std::int64_t rows
            cols);
   QR_CHECK(rows * cols == 0 || src != nullptr,
            "nvfp4 CUDA compute_amax: the source has a null data pointer");
-  DeviceGuard guard(device_index);
+  DeviceGuard guard(device_index, kFormat);
   const cudaStream_t s = as_stream(stream);
   // A stream-ordered temporary [plain, transformed], freed on every path.
   struct Scratch {
@@ -676,7 +586,7 @@ void quantize(const QuantizeArgs& a) {
                 QR_STATUS_UNSUPPORTED, "nvfp4 CUDA quantize: hadamard needs a bf16 source with "
                 "rows % 16 == 0 (checked by the plugin before this call)");
 
-  DeviceGuard guard(a.device_index);
+  DeviceGuard guard(a.device_index, kFormat);
   const cudaStream_t s = as_stream(a.stream);
   float* row_amax = a.rowwise ? a.rowwise->amax : nullptr;
   float* col_amax = a.columnwise ? a.columnwise->amax : nullptr;
@@ -746,7 +656,7 @@ void dequantize(const std::uint8_t* data, const std::uint8_t* scales, const floa
   if (numel == 0) return;
   QR_CHECK(data && scales && amax && dst, "nvfp4 CUDA dequantize: a null data, scale, amax or "
            "destination pointer");
-  DeviceGuard guard(device_index);
+  DeviceGuard guard(device_index, kFormat);
   DequantizeParams p{};
   p.data = data;
   p.scales = scales;

@@ -11,36 +11,19 @@
 #include "qrecipe/conversions.hpp"
 #include "qrecipe/dtype.hpp"
 #include "qrecipe/error.hpp"
+#include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/plugin_sdk_tensor.hpp"
 #include "qrecipe/scaling.hpp"
 
 namespace qrecipe::nvfp4::ref {
 namespace {
 
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-std::int64_t round_up(std::int64_t a, std::int64_t m) { return ceil_div(a, m) * m; }
-
-// Reads element `offset` (in elements) of a f32/bf16/f16 buffer as FP32 (exact widening).
-float load_f32(const void* base, std::int32_t dtype, std::int64_t offset) {
-  switch (dtype) {
-    case QR_DTYPE_F32: return static_cast<const float*>(base)[offset];
-    case QR_DTYPE_BF16: return num::bf16_to_f32(static_cast<const std::uint16_t*>(base)[offset]);
-    default: return num::f16_to_f32(static_cast<const std::uint16_t*>(base)[offset]);
-  }
-}
+using sdk::ceil_div;
+using sdk::matrix_shape;
+using sdk::round_up;
 
 // What the reference itself needs beyond check_source_view: host memory.
-void check_host_source(const qr_tensor_view& src) {
-  QR_CHECK_CODE(src.device.type == QR_DEVICE_CPU, QR_STATUS_UNSUPPORTED,
-                "the nvfp4 CPU reference reads host memory; the source is on cuda:",
-                src.device.index);
-}
-
-// The 2-D [rows, cols] of a view: [prod(leading dims), last dim].
-void matrix_shape(const qr_tensor_view& src, std::int64_t& rows, std::int64_t& cols) {
-  cols = src.ndim == 0 ? 1 : src.shape[src.ndim - 1];
-  rows = 1;
-  for (int d = 0; d + 1 < src.ndim; ++d) rows *= src.shape[d];
-}
+void check_host_source(const qr_tensor_view& src) { sdk::check_host_source(src, "nvfp4"); }
 
 // max |x| and whether a NaN was seen, over x[begin..end) with stride `step`.
 struct BlockAmax {
@@ -68,14 +51,6 @@ void set_nibble(std::uint8_t* row, std::int64_t c, std::uint8_t code) {
 
 std::uint8_t get_nibble(const std::uint8_t* row, std::int64_t c) {
   return static_cast<std::uint8_t>((row[c / 2] >> ((c & 1) ? 4 : 0)) & 0xFu);
-}
-
-void store_f(void* dst, std::int32_t dtype, std::int64_t offset, float v) {
-  switch (dtype) {
-    case QR_DTYPE_F32: static_cast<float*>(dst)[offset] = v; break;
-    case QR_DTYPE_BF16: static_cast<std::uint16_t*>(dst)[offset] = num::f32_to_bf16(v); break;
-    default: static_cast<std::uint16_t*>(dst)[offset] = num::f32_to_f16(v); break;
-  }
 }
 
 // Zero the data bytes and the whole (padded) scale array of one direction, so padding nibbles
@@ -122,10 +97,7 @@ std::int64_t scale_cols(std::int64_t data_cols) {
 
 // ---------------------------------------------------------------- 3. host matrix helpers
 
-const char* dtype_str(std::int32_t dtype) {
-  if (dtype < QR_DTYPE_F32 || dtype > QR_DTYPE_F64) return "unknown dtype";
-  return dtype_name(static_cast<DType>(dtype)).data();  // names are NUL-terminated literals
-}
+const char* dtype_str(std::int32_t dtype) { return sdk::dtype_str(dtype); }
 
 std::string shape_str(const qr_tensor_view& v) {
   std::string s = "[";
@@ -133,41 +105,14 @@ std::string shape_str(const qr_tensor_view& v) {
   return s + "]";
 }
 
-void check_source_view(const qr_tensor_view& src) {
-  QR_CHECK(src.struct_size >= sizeof(qr_tensor_view), "source view struct_size ",
-           src.struct_size, " is smaller than this build's ", sizeof(qr_tensor_view));
-  QR_CHECK(src.ndim >= 0 && src.ndim <= QR_MAX_DIMS, "source view has ndim ", src.ndim,
-           "; expected 0..", QR_MAX_DIMS);
-  QR_CHECK_CODE(src.dtype == QR_DTYPE_F32 || src.dtype == QR_DTYPE_BF16 ||
-                    src.dtype == QR_DTYPE_F16,
-                QR_STATUS_UNSUPPORTED, "nvfp4 quantizes f32, bf16 or f16 sources; got ",
-                dtype_str(src.dtype), ". Convert the tensor to one of those first");
-  for (int d = 0; d < src.ndim; ++d)
-    QR_CHECK(src.shape[d] >= 0, "source dimension ", d, " is negative (", src.shape[d], ")");
-}
+void check_source_view(const qr_tensor_view& src) { sdk::check_source_view(src, "nvfp4"); }
 
 std::vector<float> load_matrix(const qr_tensor_view& src, std::int64_t& rows,
                                std::int64_t& cols) {
   check_source_view(src);
   check_host_source(src);
   matrix_shape(src, rows, cols);
-  const std::int64_t n = rows * cols;
-  std::vector<float> out(static_cast<std::size_t>(n));
-  if (n == 0) return out;
-  // Walk the strided view with an N-D counter (any strides, including 0 and negative).
-  std::int64_t index[QR_MAX_DIMS] = {};
-  std::int64_t offset = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    out[static_cast<std::size_t>(i)] = load_f32(src.data, src.dtype, offset);
-    for (int d = src.ndim - 1; d >= 0; --d) {
-      ++index[d];
-      offset += src.strides[d];
-      if (index[d] < src.shape[d]) break;
-      offset -= src.strides[d] * src.shape[d];
-      index[d] = 0;
-    }
-  }
-  return out;
+  return sdk::gather_f32(src);  // rows * cols elements, any strides
 }
 
 float amax(const float* x, std::int64_t n) {
@@ -296,7 +241,7 @@ void dequantize(const std::uint8_t* data, const std::uint8_t* scales, float tens
     for (std::int64_t j = 0; j < data_cols; ++j) {
       const std::uint8_t q = get_nibble(data + i * pitch, j);
       const float v = decode_element(q, scales[i * spitch + j / kBlockSize], s_dec);
-      store_f(dst, dst_dtype, transposed ? j * cols + i : i * cols + j, v);
+      sdk::store_f32_as(dst, dst_dtype, transposed ? j * cols + i : i * cols + j, v);
     }
   }
 }

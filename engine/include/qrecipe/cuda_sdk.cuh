@@ -33,6 +33,14 @@ inline void check_cuda(cudaError_t status, const char* format, const char* call,
                              "that the CUDA driver supports this build's toolkit"));
 }
 
+// QR_CUDA_CHECK(call) checks a CUDA runtime call; QR_CUDA_CHECK_LAUNCH("kernel") goes after a
+// <<<...>>> launch and reports a bad configuration (and earlier asynchronous errors). Both
+// need `kFormat` (const char*, the plugin's name) in scope at the point of use.
+#define QR_CUDA_CHECK(call) ::qrecipe::sdk::cuda::check_cuda((call), kFormat, #call, QR_WHERE())
+#define QR_CUDA_CHECK_LAUNCH(kernel_name)                                                \
+  ::qrecipe::sdk::cuda::check_cuda(cudaGetLastError(), kFormat, "launch of " kernel_name, \
+                                   QR_WHERE())
+
 // Makes `index` the current device for the lifetime of the guard. `format` names the plugin
 // in error messages.
 class DeviceGuard {

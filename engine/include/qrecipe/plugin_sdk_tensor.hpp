@@ -36,6 +36,22 @@ inline const char* usage_name(std::uint32_t usage) {
   }
 }
 
+// The checks a quantize call makes of its arguments: args.struct_size, a usage of rowwise (1),
+// columnwise (2) or both (3), and a destination that holds every requested direction.
+// Returns the usage. `format` names the plugin in the messages.
+inline std::uint32_t check_quantize_usage(const qr_quantize_args& args,
+                                          const qr_quantized_tensor& dst, const char* format) {
+  QR_CHECK(args.struct_size >= sizeof(qr_quantize_args), "qr_quantize_args struct_size ",
+           args.struct_size, " is smaller than this plugin's ", sizeof(qr_quantize_args));
+  const std::uint32_t usage = args.usage;
+  QR_CHECK(usage != 0 && (usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0, format,
+           " quantize: usage must be rowwise (1), columnwise (2) or both (3); got ", usage);
+  QR_CHECK((dst.usage & usage) == usage, format, " quantize: ", usage_name(usage),
+           " requested but the destination holds ", usage_name(dst.usage),
+           "; allocate the destination with the requested usage");
+  return usage;
+}
+
 // Reads element `offset` (in elements) of a f32/bf16/f16 buffer as FP32 (exact widening).
 // Any dtype other than f32/bf16 is read as f16: check the dtype first (check_source_dtype).
 inline float load_f32(const void* base, std::int32_t dtype, std::int64_t offset) {
