@@ -60,21 +60,15 @@
 #include "qrecipe/recipe.hpp"
 #include "qrecipe/registry.hpp"
 #include "qrecipe/tensor.hpp"
+#include "bench_common.hpp"
 
 namespace {
 
+using namespace qrecipe::bench;
+
 // ---------------------------------------------------------------- 1. CUDA helpers
 
-void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
-  if (status == cudaSuccess) return;
-  std::ostringstream os;
-  os << file << ":" << line << ": " << call << " failed: " << cudaGetErrorName(status) << ": "
-     << cudaGetErrorString(status);
-  throw std::runtime_error(os.str());
-}
-#define BENCH_CUDA(call) check_cuda((call), #call, __FILE__, __LINE__)
 
-constexpr int kThreads = 256;
 
 // Uniform value in [-4, 4) from a hash of the index: the same on host and device, so a format
 // without CUDA quantize can quantize the identical source on the CPU.
@@ -100,27 +94,8 @@ __global__ void fill_f32_kernel(float* dst, std::size_t n, std::uint32_t seed) {
     dst[i] = qrecipe::num::bf16_to_f32(qrecipe::num::f32_to_bf16(source_value(i, seed)));
 }
 
-int grid_for(const cudaDeviceProp& prop) {
-  return prop.multiProcessorCount * std::max(1, prop.maxThreadsPerMultiProcessor / kThreads);
-}
 
-class Event {
- public:
-  Event() { BENCH_CUDA(cudaEventCreate(&e_)); }
-  ~Event() { (void)cudaEventDestroy(e_); }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return e_; }
 
- private:
-  cudaEvent_t e_ = nullptr;
-};
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Median milliseconds per call: `runs` samples of `batch` back-to-back calls of fn() between two
 // events on `stream`, after `warmup` calls.
@@ -324,13 +299,6 @@ struct Record {
   std::exit(2);
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, sep);)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 Options parse_args(int argc, char** argv) {
   Options o;
@@ -547,39 +515,8 @@ std::optional<Record> measure(const Options& o, const Config& c, const Shape& s,
 
 // ---------------------------------------------------------------- 5. output
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
 
-std::string json_number(double v, int digits = 6) {
-  if (!std::isfinite(v)) return "null";
-  std::ostringstream os;
-  os.precision(digits);
-  os << v;
-  return os.str();
-}
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 void write_json(const std::string& path, const cudaDeviceProp& prop, const Options& o,
                 const std::vector<Record>& records) {

@@ -50,21 +50,15 @@
 #include "qrecipe/recipe.hpp"
 #include "qrecipe/registry.hpp"
 #include "qrecipe/tensor.hpp"
+#include "bench_common.hpp"
 
 namespace {
 
+using namespace qrecipe::bench;
+
 // ---------------------------------------------------------------- 1. CUDA helpers, kernels
 
-void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
-  if (status == cudaSuccess) return;
-  std::ostringstream os;
-  os << file << ":" << line << ": " << call << " failed: " << cudaGetErrorName(status) << ": "
-     << cudaGetErrorString(status);
-  throw std::runtime_error(os.str());
-}
-#define BENCH_CUDA(call) check_cuda((call), #call, __FILE__, __LINE__)
 
-constexpr int kThreads = 256;  // threads per block of both kernels
 
 // Grid-stride copy of n 16-byte vectors, kCopyUnroll per thread and iteration: all the loads
 // are issued before the first store, so each thread keeps 64 bytes in flight (a good SM copy
@@ -101,10 +95,6 @@ __global__ void fill_bf16_kernel(std::uint16_t* dst, std::size_t n, std::uint32_
   }
 }
 
-// Blocks for a grid-stride kernel: enough to fill every SM.
-int grid_for(const cudaDeviceProp& prop) {
-  return prop.multiProcessorCount * std::max(1, prop.maxThreadsPerMultiProcessor / kThreads);
-}
 
 // Owning device buffer (cudaMalloc / cudaFree).
 class DeviceBuffer {
@@ -121,23 +111,7 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
 };
 
-class Event {
- public:
-  Event() { BENCH_CUDA(cudaEventCreate(&e_)); }
-  ~Event() { (void)cudaEventDestroy(e_); }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return e_; }
 
- private:
-  cudaEvent_t e_ = nullptr;
-};
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Median milliseconds of `runs` calls of fn(i) after `warmup` calls, each timed alone with
 // events on `stream` (fn enqueues its work on that stream).
@@ -186,13 +160,6 @@ struct Record {
   std::exit(2);
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, sep);)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 Options parse_args(int argc, char** argv) {
   Options o;
@@ -394,39 +361,8 @@ std::vector<Record> measure_quantize(const Options& o, const cudaDeviceProp& pro
 
 // ---------------------------------------------------------------- 4. output
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
 
-std::string json_number(double v, int digits = 6) {
-  if (!std::isfinite(v)) return "null";
-  std::ostringstream os;
-  os.precision(digits);
-  os << v;
-  return os.str();
-}
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 void write_json(const std::string& path, const cudaDeviceProp& prop, const Options& o,
                 const std::vector<Record>& records) {
