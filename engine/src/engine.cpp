@@ -2,10 +2,13 @@
 #include "qrecipe/engine.hpp"
 
 #include <algorithm>
+#include <map>
 #include <sstream>
+#include <vector>
 
 #include "qrecipe/cuda.hpp"
 #include "qrecipe/scaling.hpp"
+#include "scaling_cuda.hpp"
 
 namespace qrecipe {
 
@@ -166,6 +169,9 @@ void Engine::update_scaling() { update_scaling(current_amaxes()); }
 void Engine::update_scaling(const std::vector<float>& reduced_amaxes) {
   QR_CHECK(reduced_amaxes.size() == states_.size(), "update_scaling got ", reduced_amaxes.size(),
            " amaxes for ", states_.size(), " scaling states; pass current_amaxes() after reducing it");
+  // CPU states update in place; CUDA states are grouped by device and each group is updated
+  // by one kernel launch (the same delayed_scaling_update, on the device).
+  std::map<int, std::vector<detail::DeviceScalingUpdate>> on_device;
   for (std::size_t i = 0; i < states_.size(); ++i) {
     auto& s = *states_[i];
     if (s.c.device.type == QR_DEVICE_CPU) {
@@ -174,22 +180,19 @@ void Engine::update_scaling(const std::vector<float>& reduced_amaxes) {
                              s.request.margin, s.request.fp8_max);
       continue;
     }
-    // CUDA state: copy to the host, run the same pure update, copy back (legacy default
-    // stream, synchronized; quantizes on other streams must be synchronized by the caller).
-    // Simple and exactly the CPU arithmetic; one kernel launch updating every CUDA state in
-    // place (delayed_scaling_update is QR_HD) is the later optimisation.
-    const auto n = static_cast<std::size_t>(s.c.history_len);
-    std::vector<float> history(n);
-    float scale = 0.0f, scale_inv = 0.0f;
-    copy_to_host(history.data(), s.c.amax_history, n * sizeof(float));
-    copy_to_host(&scale, s.c.scale, sizeof scale);
-    copy_to_host(&scale_inv, s.c.scale_inv, sizeof scale_inv);
-    delayed_scaling_update(history.data(), s.c.history_len, &scale, &scale_inv,
-                           reduced_amaxes[i], s.request.algo_most_recent != 0, s.request.margin,
-                           s.request.fp8_max);
-    copy_to_device(s.c.amax_history, history.data(), n * sizeof(float));
-    copy_to_device(s.c.scale, &scale, sizeof scale);
-    copy_to_device(s.c.scale_inv, &scale_inv, sizeof scale_inv);
+    on_device[s.c.device.index].push_back(
+        {s.c.amax_history, s.c.scale, s.c.scale_inv, s.c.history_len,
+         s.request.algo_most_recent, s.request.margin, s.request.fp8_max, reduced_amaxes[i]});
+  }
+  for (const auto& [device, updates] : on_device) {
+#if defined(QRECIPE_WITH_CUDA)
+    // Legacy default stream, synchronized: quantizes on other streams must be synchronized by
+    // the caller first (as for current_amaxes()).
+    detail::update_scaling_cuda(updates, device);
+#else
+    QR_THROW_CODE(QR_STATUS_UNSUPPORTED, updates.size(), " delayed-scaling state(s) on cuda:",
+                  device, " but this build of libqrecipe has no CUDA");
+#endif
   }
 }
 
