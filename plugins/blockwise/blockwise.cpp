@@ -64,11 +64,10 @@ const qr_option_schema kSchema[] = {
 
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
 constexpr bool kHasCuda = true;
-constexpr std::uint32_t kDevices = (1u << QR_DEVICE_CPU) | (1u << QR_DEVICE_CUDA);
 #else
 constexpr bool kHasCuda = false;
-constexpr std::uint32_t kDevices = 1u << QR_DEVICE_CPU;
 #endif
+constexpr std::uint32_t kDevices = sdk::kBuiltDevices;
 
 using sdk::device_str;
 

@@ -487,11 +487,7 @@ constexpr qr_option_schema kSchema[] = {
                     "delayed scaling: scale = (fp8_max * 2^-margin) / amax"),
 };
 
-#if defined(QRECIPE_PLUGIN_HAS_CUDA)
-constexpr std::uint32_t kDevices = (1u << QR_DEVICE_CPU) | (1u << QR_DEVICE_CUDA);
-#else
-constexpr std::uint32_t kDevices = 1u << QR_DEVICE_CPU;
-#endif
+constexpr std::uint32_t kDevices = sdk::kBuiltDevices;
 
 }  // namespace
 }  // namespace qrecipe::float8

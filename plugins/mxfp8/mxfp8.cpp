@@ -304,11 +304,7 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
   qr_dtype data_dtype_;
 };
 
-#if defined(QRECIPE_PLUGIN_HAS_CUDA)
-constexpr std::uint32_t kDevices = (1u << QR_DEVICE_CPU) | (1u << QR_DEVICE_CUDA);
-#else
-constexpr std::uint32_t kDevices = 1u << QR_DEVICE_CPU;
-#endif
+constexpr std::uint32_t kDevices = sdk::kBuiltDevices;
 
 }  // namespace
 }  // namespace qrecipe::mxfp8

@@ -332,8 +332,7 @@ constexpr qr_option_schema kSchema[] = {
                     "stochastic rounding: the Philox key"),
 };
 
-constexpr std::uint32_t kDevices =
-    (1u << QR_DEVICE_CPU) | (kHasCuda ? (1u << QR_DEVICE_CUDA) : 0u);
+constexpr std::uint32_t kDevices = sdk::kBuiltDevices;
 
 }  // namespace
 }  // namespace qrecipe::nvfp4

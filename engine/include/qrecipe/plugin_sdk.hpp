@@ -221,6 +221,14 @@ constexpr qr_plugin_descriptor make_descriptor(const char* name, const char* ver
           &Trampolines<Q>::describe};
 }
 
+// Devices this build of a plugin serves: its CPU reference always, CUDA when the plugin was
+// compiled with its kernels (QRECIPE_PLUGIN_HAS_CUDA, set by qrecipe_add_plugin).
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+inline constexpr std::uint32_t kBuiltDevices = (1u << QR_DEVICE_CPU) | (1u << QR_DEVICE_CUDA);
+#else
+inline constexpr std::uint32_t kBuiltDevices = 1u << QR_DEVICE_CPU;
+#endif
+
 inline void* no_extras(const char*) { return nullptr; }
 
 // Turns the status of a host call (e.g. a sub-quantizer's quantize) into a thrown
