@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from .. import autocasting as _autocast
 from ..quantization import SUPPORTED_DTYPES
 from ..recipe import Recipe
-from .linear_function import LinearFunction, LinearRoles, linear_forward
+from .linear_function import LinearRoles, quantized_linear
 
 
 class Linear(torch.nn.Module):
@@ -112,13 +112,7 @@ class Linear(torch.nn.Module):
         if roles.all_none:
             return F.linear(x, self.weight, self.bias)
         _autocast.note_step_activity(recipe)
-        grad = torch.is_grad_enabled()
-        need_dgrad = grad and x.requires_grad
-        need_wgrad = grad and self.weight.requires_grad
-        needs_bias_grad = grad and self.bias is not None and self.bias.requires_grad
-        if not (need_dgrad or need_wgrad or needs_bias_grad):
-            return linear_forward(x, self.weight, self.bias, roles, False, False)[0]
-        return LinearFunction.apply(x, self.weight, self.bias, roles, need_dgrad, need_wgrad)
+        return quantized_linear(x, self.weight, self.bias, roles)
 
     def _check_input(self, x: torch.Tensor) -> None:
         who = f"qrecipe.nn.Linear {self.name!r}" if self.name else "qrecipe.nn.Linear"

@@ -123,3 +123,20 @@ class LinearFunction(torch.autograd.Function):
             db = dy2.float().sum(0).to(ctx.bias_dtype)
         ctx.saved_q = None
         return dx, dw, db, None, None, None
+
+
+def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                     roles: LinearRoles) -> torch.Tensor:
+    """``y = x W^T + b`` under `roles`: the one entry every qrecipe module uses for its GEMMs.
+
+    Builds the autograd graph only when something needs a gradient, so under
+    ``torch.no_grad()`` (or for frozen inputs and weights) only the rowwise copies the
+    forward needs are made and nothing is saved."""
+    grad = torch.is_grad_enabled()
+    need_dgrad = grad and x.requires_grad
+    need_wgrad = grad and weight.requires_grad
+    needs_bias_grad = grad and bias is not None and bias.requires_grad
+    if not (need_dgrad or need_wgrad or needs_bias_grad):
+        return linear_forward(x, weight, bias, roles, False, False)[0]
+    return LinearFunction.apply(x, weight, bias, roles, need_dgrad, need_wgrad)
+
