@@ -11,6 +11,7 @@
 //
 // The Python package adds the torch-facing behaviour (autograd, modules, autocast); this file
 // only translates types, so every numeric decision stays in the engine and the plugins.
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/utils/pybind.h>  // pybind11 with the at::Tensor caster
 
 #include <pybind11/stl.h>
@@ -80,11 +81,22 @@ py::object quantizer_or_none(const std::shared_ptr<Engine>& engine,
   return py::cast(PyQuantizer{engine, q});
 }
 
+// torch's current stream on `t`'s device as a cudaStream_t (nullptr for CPU tensors), read
+// through c10's device-generic interface so this file needs no CUDA headers and builds
+// against CPU-only torch too. Every engine call on CUDA tensors is ordered on this stream,
+// like torch's own kernels.
+void* current_stream(const at::Tensor& t) {
+  if (!t.is_cuda()) return nullptr;
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device())
+      .native_handle();
+}
+
 PyQuantized quantize(const PyQuantizer& q, const at::Tensor& src, std::uint32_t usage,
                      std::optional<std::uint64_t> rng_offset) {
   const TensorView view = to_view(src, "tensor to quantize");
   QuantizeOptions options;
   options.rng_offset = rng_offset;
+  options.stream = current_stream(src);
   QuantizedTensor out;
   {
     py::gil_scoped_release no_gil;
@@ -113,13 +125,23 @@ GemmKind parse_gemm_kind(const std::string& name) {
 
 void gemm(const py::object& a, const std::string& direction_a, const py::object& b,
           const std::string& direction_b, const at::Tensor& out, bool accumulate, float alpha,
-          const std::optional<std::string>& kind) {
+          const std::optional<std::string>& kind, const std::optional<at::Tensor>& bias) {
   const GemmOperand oa = make_operand(a, direction_a, "operand A");
   const GemmOperand ob = make_operand(b, direction_b, "operand B");
   const TensorView vout = to_view(out, "GEMM output");
   GemmOptions options;
   options.accumulate = accumulate;
   options.alpha = alpha;
+  options.stream = current_stream(out);
+  if (bias) {
+    QR_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->is_contiguous() &&
+                 bias->size(0) == out.size(-1) && bias->device() == out.device(),
+             "GEMM bias must be a contiguous 1-D torch.float32 tensor of ", out.size(-1),
+             " elements on ", out.device().str(), ", got ", c10::toString(bias->scalar_type()),
+             " of shape ", bias->sizes(), " on ", bias->device().str(),
+             " (pass bias.float().contiguous())");
+    options.bias = bias->data_ptr<float>();
+  }
   // Which GEMM of a linear layer: decides a native FP8 GEMM's accumulation (fast for fprop).
   if (kind) options.kind = parse_gemm_kind(*kind);
   py::gil_scoped_release no_gil;
@@ -134,8 +156,9 @@ at::Tensor dequantize(const PyQuantized& q, const std::string& direction, at::Sc
   const at::Tensor out = at::empty(
       {q.tensor->rows(), q.tensor->cols()},
       at::TensorOptions().dtype(dtype).device(torch_device(Device::from_c(data.device))));
+  void* stream = current_stream(out);
   py::gil_scoped_release no_gil;
-  q.quantizer.quantizer->dequantize(*q.tensor, d, to_view(out, "dequantize output"));
+  q.quantizer.quantizer->dequantize(*q.tensor, d, to_view(out, "dequantize output"), stream);
   return out;
 }
 
@@ -237,9 +260,10 @@ void bind(py::module_& m) {
       }, py::arg("module_type"), py::arg("tensor_type"), py::arg("name") = "")
       .def("plan_linear", [](const std::shared_ptr<Engine>& e, const std::string& module_type,
                              const std::string& name, std::int64_t in_features,
-                             std::int64_t out_features, std::int64_t tokens) {
+                             std::int64_t out_features, std::int64_t tokens,
+                             const std::string& target) {
         const LinearPlan p = e->plan_linear(module_type, name, in_features, out_features, tokens,
-                                            GemmTarget::cpu);
+                                            gemm_target_from_name(target));
         py::dict d;
         d["input"] = quantizer_or_none(e, p.input_q);
         d["weight"] = quantizer_or_none(e, p.weight_q);
@@ -248,7 +272,7 @@ void bind(py::module_& m) {
           d[gemm_kind_name(g->kind)] = g->a.str() + " x " + g->b.str() + ": " + g->plan.str();
         return d;
       }, py::arg("module_type"), py::arg("name"), py::arg("in_features"),
-         py::arg("out_features"), py::arg("tokens"))
+         py::arg("out_features"), py::arg("tokens"), py::arg("target") = "cpu")
       .def("update_scaling", [](Engine& e) { e.update_scaling(); })
       .def("update_scaling_with", [](Engine& e, const std::vector<float>& amaxes) {
         e.update_scaling(amaxes);
@@ -295,9 +319,10 @@ void bind(py::module_& m) {
 
   m.def("gemm", &gemm, py::arg("a"), py::arg("direction_a"), py::arg("b"),
         py::arg("direction_b"), py::arg("out"), py::arg("accumulate") = false,
-        py::arg("alpha") = 1.0f, py::arg("kind") = std::nullopt,
-        "out = alpha * opA . opB^T (+ out): see engine/include/qrecipe/gemm.hpp. kind: "
-        "'fprop', 'dgrad' or 'wgrad' when the GEMM belongs to a linear layer");
+        py::arg("alpha") = 1.0f, py::arg("kind") = std::nullopt, py::arg("bias") = std::nullopt,
+        "out = alpha * opA . opB^T (+ out) (+ bias): see engine/include/qrecipe/gemm.hpp. kind: "
+        "'fprop', 'dgrad' or 'wgrad' when the GEMM belongs to a linear layer; bias: FP32 "
+        "[outer(B)] on the output's device. CUDA work runs on torch's current stream.");
   m.def("live_allocations", [] { return torch_allocator()->live_allocations(); },
         "Buffers the adapter's torch-backed allocator holds now (for leak tests).");
 }

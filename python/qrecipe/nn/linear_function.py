@@ -9,7 +9,8 @@ GEMMs need; one whose role is ``none`` stays in high precision (a dense engine o
 For backward only the columnwise copies are kept (the rowwise ones were for fprop), so an
 activation saved for wgrad costs its quantized size, as in TransformerEngine. Under
 ``torch.no_grad()`` (or when nothing needs a gradient) only rowwise copies are made and
-nothing is saved. The bias is added in FP32 by torch; the GEMMs accumulate in FP32.
+nothing is saved. The GEMMs accumulate in FP32; the engine adds the bias in FP32 and rounds
+once to the output dtype (BF16 or FP32 written directly, on the CUDA path without extra passes).
 """
 from __future__ import annotations
 
@@ -56,10 +57,17 @@ def _keep_columnwise(operand):
 
 
 def _gemm(kind: str, a, direction_a: str, b, direction_b: str, rows: int, cols: int,
-          device: torch.device) -> torch.Tensor:
-    out = torch.empty((rows, cols), dtype=torch.float32, device=device)
-    _C.gemm(a, direction_a, b, direction_b, out, kind=kind)
-    return out
+          like: torch.Tensor, out_dtype: torch.dtype,
+          bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """One engine GEMM into a new [rows, cols] tensor on `like`'s device. The engine writes
+    FP32 or BF16 itself (rounding the FP32 accumulator once, after the FP32 bias); other
+    dtypes are written as FP32 and converted."""
+    direct = out_dtype in (torch.float32, torch.bfloat16)
+    out = torch.empty((rows, cols), dtype=out_dtype if direct else torch.float32,
+                      device=like.device)
+    fp32_bias = None if bias is None else bias.detach().float().contiguous()
+    _C.gemm(a, direction_a, b, direction_b, out, kind=kind, bias=fp32_bias)
+    return out if direct else out.to(out_dtype)
 
 
 def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -70,10 +78,9 @@ def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     w = weight.contiguous()
     x_op = _operand(roles.input, x2, _ROWWISE | (_COLUMNWISE if need_wgrad else 0))
     w_op = _operand(roles.weight, w, _ROWWISE | (_COLUMNWISE if need_dgrad else 0))
-    y = _gemm("fprop", x_op, "rowwise", w_op, "rowwise", x2.shape[0], weight.shape[0], x.device)
-    if bias is not None:
-        y += bias.float()
-    y = y.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
+    y = _gemm("fprop", x_op, "rowwise", w_op, "rowwise", x2.shape[0], weight.shape[0], x,
+              x.dtype, bias)
+    y = y.reshape(*x.shape[:-1], weight.shape[0])
     saved_x = _keep_columnwise(x_op) if need_wgrad else None
     saved_w = _keep_columnwise(w_op) if need_dgrad else None
     return y, (saved_x, saved_w)
@@ -114,11 +121,10 @@ class LinearFunction(torch.autograd.Function):
             dy_op = _operand(ctx.roles.grad_output, dy2, usage)
             if need_dgrad:
                 dx = _gemm("dgrad", dy_op, "rowwise", saved_w, "columnwise", tokens,
-                           ctx.x_shape[-1], dy.device)
-                dx = dx.to(ctx.x_dtype).reshape(ctx.x_shape)
+                           ctx.x_shape[-1], dy, ctx.x_dtype).reshape(ctx.x_shape)
             if need_wgrad:
                 dw = _gemm("wgrad", dy_op, "columnwise", saved_x, "columnwise", out_features,
-                           ctx.x_shape[-1], dy.device).to(ctx.w_dtype)
+                           ctx.x_shape[-1], dy, ctx.w_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.float().sum(0).to(ctx.bias_dtype)
         ctx.saved_q = None
