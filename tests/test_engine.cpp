@@ -71,6 +71,39 @@ TEST_CASE("delayed scaling: one state per stateful quantizer, caller-reduced ama
                        Error);
 }
 
+TEST_CASE("scaling values: read, written in place (checkpoints), updated one state at a time") {
+  if (!have_float8()) {
+    MESSAGE("not supported: float8 plugin not built");
+    return;
+  }
+  Engine engine(Recipe::parse(kRecipe, "engine-test.yaml"));
+  engine.resolve({"linear", "input", "delayed.a"});
+  engine.resolve({"linear", "input", "delayed.b"});
+  const float* scale_a = engine.scaling_states()[0]->c.scale;
+  Engine::ScalingValues v;
+  v.amax_history = {3.5f, 1.0f, 0.0f, 2.0f};
+  v.scale = 2.0f;
+  v.scale_inv = 0.5f;
+  engine.set_scaling_values(0, v);
+  CHECK(engine.scaling_states()[0]->c.scale == scale_a);  // same buffers: quantizers hold them
+  const Engine::ScalingValues read = engine.scaling_values(0);
+  CHECK(read.amax_history == v.amax_history);
+  CHECK(read.scale == 2.0f);
+  CHECK(read.scale_inv == 0.5f);
+  CHECK(engine.scaling_values(1).scale == 1.0f);  // untouched
+  // Only state 0 advances: row 0 (3.5) rolls in, max over the history is 3.5.
+  engine.update_scaling_of({0});
+  CHECK(*engine.scaling_states()[0]->c.scale == 448.0f / 3.5f);
+  CHECK(engine.scaling_values(0).amax_history == std::vector<float>{0.0f, 0.0f, 2.0f, 3.5f});
+  CHECK(*engine.scaling_states()[1]->c.scale == 1.0f);
+  v.amax_history = {1.0f};
+  CHECK_THROWS_WITH_AS(engine.set_scaling_values(1, v),
+                       doctest::Contains("amax history of 4 steps, the values to load have 1"),
+                       Error);
+  CHECK_THROWS_WITH_AS(engine.scaling_values(2), doctest::Contains("this engine has 2"), Error);
+  CHECK_THROWS_AS(engine.update_scaling_of({5}), Error);
+}
+
 TEST_CASE("an invalid spec made in code fails before the plugin sees it") {
   if (!have_float8()) {
     MESSAGE("not supported: float8 plugin not built");

@@ -164,25 +164,82 @@ std::vector<float> Engine::current_amaxes() const {
   return out;
 }
 
+Engine::ScalingValues Engine::scaling_values(std::size_t index) const {
+  QR_CHECK(index < states_.size(), "scaling state ", index, " does not exist; this engine has ",
+           states_.size());
+  const ScalingState& s = *states_[index];
+  ScalingValues v;
+  const auto n = static_cast<std::size_t>(s.c.history_len);
+  v.amax_history.resize(n);
+  if (s.c.device.type == QR_DEVICE_CPU) {
+    std::copy(s.c.amax_history, s.c.amax_history + n, v.amax_history.begin());
+    v.scale = *s.c.scale;
+    v.scale_inv = *s.c.scale_inv;
+  } else {
+    copy_to_host(v.amax_history.data(), s.c.amax_history, n * sizeof(float));
+    copy_to_host(&v.scale, s.c.scale, sizeof(float));
+    copy_to_host(&v.scale_inv, s.c.scale_inv, sizeof(float));
+  }
+  return v;
+}
+
+void Engine::set_scaling_values(std::size_t index, const ScalingValues& values) {
+  QR_CHECK(index < states_.size(), "scaling state ", index, " does not exist; this engine has ",
+           states_.size());
+  ScalingState& s = *states_[index];
+  const auto n = static_cast<std::size_t>(s.c.history_len);
+  QR_CHECK(values.amax_history.size() == n, "scaling state of ", s.owner,
+           " has an amax history of ", n, " steps, the values to load have ",
+           values.amax_history.size(), "; load a checkpoint made with the same amax_history_len");
+  // In place: quantizers hold these pointers.
+  if (s.c.device.type == QR_DEVICE_CPU) {
+    std::copy(values.amax_history.begin(), values.amax_history.end(), s.c.amax_history);
+    *s.c.scale = values.scale;
+    *s.c.scale_inv = values.scale_inv;
+  } else {
+    copy_to_device(s.c.amax_history, values.amax_history.data(), n * sizeof(float));
+    copy_to_device(s.c.scale, &values.scale, sizeof(float));
+    copy_to_device(s.c.scale_inv, &values.scale_inv, sizeof(float));
+  }
+}
+
 void Engine::update_scaling() { update_scaling(current_amaxes()); }
 
 void Engine::update_scaling(const std::vector<float>& reduced_amaxes) {
   QR_CHECK(reduced_amaxes.size() == states_.size(), "update_scaling got ", reduced_amaxes.size(),
            " amaxes for ", states_.size(), " scaling states; pass current_amaxes() after reducing it");
+  std::vector<std::size_t> all(states_.size());
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+  update_states(all, reduced_amaxes);
+}
+
+void Engine::update_scaling_of(const std::vector<std::size_t>& indices) {
+  const std::vector<float> amaxes = current_amaxes();
+  std::vector<float> selected;
+  for (std::size_t i : indices) {
+    QR_CHECK(i < states_.size(), "scaling state ", i, " does not exist; this engine has ",
+             states_.size());
+    selected.push_back(amaxes[i]);
+  }
+  update_states(indices, selected);
+}
+
+void Engine::update_states(const std::vector<std::size_t>& indices,
+                           const std::vector<float>& reduced_amaxes) {
   // CPU states update in place; CUDA states are grouped by device and each group is updated
   // by one kernel launch (the same delayed_scaling_update, on the device).
   std::map<int, std::vector<detail::DeviceScalingUpdate>> on_device;
-  for (std::size_t i = 0; i < states_.size(); ++i) {
-    auto& s = *states_[i];
+  for (std::size_t k = 0; k < indices.size(); ++k) {
+    auto& s = *states_[indices[k]];
     if (s.c.device.type == QR_DEVICE_CPU) {
       delayed_scaling_update(s.c.amax_history, s.c.history_len, s.c.scale, s.c.scale_inv,
-                             reduced_amaxes[i], s.request.algo_most_recent != 0,
+                             reduced_amaxes[k], s.request.algo_most_recent != 0,
                              s.request.margin, s.request.fp8_max);
       continue;
     }
     on_device[s.c.device.index].push_back(
         {s.c.amax_history, s.c.scale, s.c.scale_inv, s.c.history_len,
-         s.request.algo_most_recent, s.request.margin, s.request.fp8_max, reduced_amaxes[i]});
+         s.request.algo_most_recent, s.request.margin, s.request.fp8_max, reduced_amaxes[k]});
   }
   for (const auto& [device, updates] : on_device) {
 #if defined(QRECIPE_WITH_CUDA)

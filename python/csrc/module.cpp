@@ -16,6 +16,9 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <array>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -162,23 +165,156 @@ at::Tensor dequantize(const PyQuantized& q, const std::string& direction, at::Sc
   return out;
 }
 
-py::list scaling_states(const Engine& engine) {
-  py::list out;
-  for (const auto& s : engine.scaling_states()) {
-    py::dict d;
-    d["owner"] = s->owner;
-    d["history_len"] = s->c.history_len;
-    d["margin"] = s->request.margin;
-    d["fp8_max"] = s->request.fp8_max;
-    if (s->c.device.type == QR_DEVICE_CPU) {
-      const float* history = s->c.amax_history;
-      d["amax_history"] = std::vector<float>(history, history + s->c.history_len);
-      d["scale"] = *s->c.scale;
-      d["scale_inv"] = *s->c.scale_inv;
+// A spec as the dictionary a recipe rule's quantizer would be written as (nested for the
+// hybrid format's halves): Recipe.from_dict({"defaults": spec_dict(...)}) makes it again.
+py::dict spec_dict(const QuantizerSpec& spec) {
+  py::dict d;
+  d["format"] = spec.format;
+  for (const auto& [key, value] : spec.options) {
+    switch (value.type) {
+      case QR_OPTION_BOOL: d[key.c_str()] = value.bool_value; break;
+      case QR_OPTION_INT: d[key.c_str()] = value.int_value; break;
+      case QR_OPTION_FLOAT: d[key.c_str()] = value.float_value; break;
+      case QR_OPTION_QUANTIZER:
+        if (value.spec) {
+          d[key.c_str()] = spec_dict(*value.spec);
+        } else {
+          py::dict none;
+          none["format"] = "none";
+          d[key.c_str()] = none;
+        }
+        break;
+      default: d[key.c_str()] = value.string_value; break;
     }
+  }
+  return d;
+}
+
+// A quantized tensor of `q`'s layout whose buffers are copies of `buffers` ({direction:
+// {"data", "scale_inv", "amax": tensor or None}}): how a pickled or deep-copied quantized
+// weight is rebuilt from its plain tensors. Sizes and dtypes are checked against the layout.
+PyQuantized from_buffers(const PyQuantizer& q, std::int64_t rows, std::int64_t cols,
+                         std::uint32_t usage, const py::dict& buffers, const at::Device& device) {
+  QR_CHECK(usage != 0 && (usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0,
+           "from_buffers: usage must be rowwise (1), columnwise (2) or both (3), got ", usage);
+  std::array<qr_direction_layout, 2> layouts{};
+  for (auto d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
+    if (usage & usage_bit(d)) layouts[d] = q.quantizer->layout(rows, cols, d);
+  auto tensor = std::make_shared<QuantizedTensor>(q.quantizer->format(), rows, cols, usage,
+                                                  layouts, engine_device(device, "from_buffers"),
+                                                  torch_allocator());
+  for (auto d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+    if (!(usage & usage_bit(d))) continue;
+    const char* dname = direction_name(d);
+    QR_CHECK(buffers.contains(dname), "from_buffers: no '", dname, "' buffers given");
+    const auto given = buffers[dname].cast<py::dict>();
+    const auto& dd = tensor->direction(d);
+    const std::pair<const char*, const qr_tensor_view*> kinds[] = {
+        {"data", &dd.data}, {"scale_inv", &dd.scale_inv}, {"amax", &dd.amax}};
+    for (const auto& [kind, view] : kinds) {
+      if (view->data == nullptr) continue;
+      QR_CHECK(given.contains(kind) && !given[kind].is_none(), "from_buffers: the layout of ",
+               dname, " has a '", kind, "' buffer but none was given");
+      const auto src = given[kind].cast<at::Tensor>();
+      at::Tensor dst = alias_tensor(TensorView(*view), tensor);
+      QR_CHECK(src.scalar_type() == dst.scalar_type() && src.numel() == dst.numel(),
+               "from_buffers: ", dname, " ", kind, " must be ", c10::toString(dst.scalar_type()),
+               " with ", dst.numel(), " elements (layout ", dst.sizes(), "), got ",
+               c10::toString(src.scalar_type()), " of shape ", src.sizes());
+      dst.copy_(src.reshape(dst.sizes()));
+    }
+  }
+  return PyQuantized{tensor, q};
+}
+
+// The k-th state of an owner, in creation order: a hybrid quantizer whose two halves both use
+// delayed scaling has two states with the same owner ("role format"), always created in the
+// same order (rowwise half first), so (owner, k) names a state across engines.
+std::vector<std::pair<std::string, int>> state_keys(const Engine& engine) {
+  std::vector<std::pair<std::string, int>> keys;
+  std::map<std::string, int> seen;
+  for (const auto& s : engine.scaling_states()) keys.emplace_back(s->owner, seen[s->owner]++);
+  return keys;
+}
+
+// The role part of an owner "linear:input@fc float8" (what the module-level checkpoints match).
+std::string owner_role(const std::string& owner) {
+  const auto space = owner.rfind(' ');
+  return space == std::string::npos ? owner : owner.substr(0, space);
+}
+
+py::list scaling_states(const Engine& engine,
+                        const std::optional<std::vector<std::string>>& roles) {
+  py::list out;
+  const auto keys = state_keys(engine);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const ScalingState& s = *engine.scaling_states()[i];
+    if (roles && std::find(roles->begin(), roles->end(), owner_role(s.owner)) == roles->end())
+      continue;
+    const Engine::ScalingValues v = engine.scaling_values(i);  // CUDA states: copied to the host
+    py::dict d;
+    d["owner"] = s.owner;
+    d["index"] = keys[i].second;
+    d["history_len"] = s.c.history_len;
+    d["margin"] = s.request.margin;
+    d["fp8_max"] = s.request.fp8_max;
+    d["device"] = Device::from_c(s.c.device).str();
+    d["amax_history"] = v.amax_history;
+    d["scale"] = v.scale;
+    d["scale_inv"] = v.scale_inv;
     out.append(d);
   }
   return out;
+}
+
+// Writes checkpointed states into the engine's states with the same (owner, index): everything
+// is checked before anything is written, so a failed load leaves the engine as it was.
+void load_scaling_states(Engine& engine, const py::list& states, bool update) {
+  const auto keys = state_keys(engine);
+  std::vector<std::pair<std::size_t, Engine::ScalingValues>> writes;
+  std::map<std::string, int> seen;
+  for (const auto& item : states) {
+    QR_CHECK(py::isinstance<py::dict>(item), "load_scaling_states takes a list of dicts (as "
+             "scaling_states() returns), got an item of type ",
+             std::string(py::str(py::type::of(item).attr("__name__"))));
+    const auto d = item.cast<py::dict>();
+    for (const char* key : {"owner", "amax_history", "scale", "scale_inv"})
+      QR_CHECK(d.contains(key), "scaling state to load has no '", key, "' entry; pass the dicts "
+               "scaling_states() returns");
+    const auto owner = d["owner"].cast<std::string>();
+    const int index = d.contains("index") ? d["index"].cast<int>() : seen[owner];
+    seen[owner] = index + 1;
+    std::size_t found = keys.size();
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      if (keys[i].first == owner && keys[i].second == index) found = i;
+    if (found == keys.size()) {
+      std::string known;
+      for (const auto& [o, k] : keys) known += (known.empty() ? "'" : ", '") + o + "'";
+      QR_THROW("the checkpoint holds a delayed-scaling state of '", owner, "'", (index ? " (#" +
+               std::to_string(index + 1) + ")" : std::string()), " but recipe '",
+               engine.recipe().name(), "' has no such state (its states: ",
+               known.empty() ? std::string("none") : known, "). The role must resolve to the "
+               "same format with delayed scaling in the new recipe and be resolved before "
+               "loading (Recipe.load_state_dict does that); to start the new recipe's scaling "
+               "afresh instead, leave the scaling state out of the load");
+    }
+    Engine::ScalingValues v;
+    v.amax_history = d["amax_history"].cast<std::vector<float>>();
+    v.scale = d["scale"].cast<float>();
+    v.scale_inv = d["scale_inv"].cast<float>();
+    const auto expected = static_cast<std::size_t>(engine.scaling_states()[found]->c.history_len);
+    QR_CHECK(v.amax_history.size() == expected, "the checkpoint's delayed-scaling state of '",
+             owner, "' has an amax history of ", v.amax_history.size(), " steps but recipe '",
+             engine.recipe().name(), "' gives that role amax_history_len ", expected,
+             "; load it under a recipe with the same amax_history_len");
+    writes.emplace_back(found, std::move(v));
+  }
+  std::vector<std::size_t> loaded;
+  for (const auto& [index, values] : writes) {
+    engine.set_scaling_values(index, values);
+    loaded.push_back(index);
+  }
+  if (update) engine.update_scaling_of(loaded);
 }
 
 }  // namespace
@@ -278,7 +414,17 @@ void bind(py::module_& m) {
         e.update_scaling(amaxes);
       }, py::arg("reduced_amaxes"))
       .def("current_amaxes", &Engine::current_amaxes)
-      .def("scaling_states", &scaling_states);
+      .def("scaling_states", &scaling_states, py::arg("roles") = std::nullopt,
+           "Every delayed-scaling state as a dict (owner, index among the states of that "
+           "owner, amax history, scale, scale_inv, ...), in creation order; with `roles`, only "
+           "those whose owner's role (e.g. 'linear:input@fc') is listed. CUDA states are "
+           "copied to the host.")
+      .def("load_scaling_states", &load_scaling_states, py::arg("states"),
+           py::arg("update") = false,
+           "Writes states (dicts as scaling_states() returns) into the states with the same "
+           "owner and index; all are checked before any is written. update=True then runs the "
+           "delayed-scaling update of the loaded states (a checkpoint saved before its step's "
+           "update).");
 
   py::class_<PyQuantizer>(m, "Quantizer")
       .def_property_readonly("format", [](const PyQuantizer& q) { return q.quantizer->format(); })
@@ -290,7 +436,12 @@ void bind(py::module_& m) {
         return layout_dict(q.quantizer->layout(rows, cols, parse_direction(direction)));
       })
       .def("quantize", &quantize, py::arg("tensor"), py::arg("usage"),
-           py::arg("rng_offset") = std::nullopt);
+           py::arg("rng_offset") = std::nullopt)
+      .def("spec_dict", [](const PyQuantizer& q) { return spec_dict(q.quantizer->spec()); },
+           "The quantizer's spec as a recipe-rule dictionary (format plus options).")
+      .def("from_buffers", &from_buffers, py::arg("rows"), py::arg("cols"), py::arg("usage"),
+           py::arg("buffers"), py::arg("device"),
+           "A quantized tensor of this quantizer's layout holding copies of `buffers`.");
 
   py::class_<PyQuantized>(m, "QuantizedTensor")
       .def_property_readonly("format", [](const PyQuantized& q) { return q.tensor->format(); })
@@ -315,6 +466,14 @@ void bind(py::module_& m) {
         return q.buffer(q.direction(d).amax);
       })
       .def("drop", [](PyQuantized& q, const std::string& d) { q.tensor->drop(parse_direction(d)); })
+      .def("requantize", [](PyQuantized& q, const at::Tensor& src) {
+        // In place, into the buffers it holds: every alias of the bytes sees the new values.
+        const TensorView view = to_view(src, "tensor to requantize");
+        QuantizeOptions options;
+        options.stream = current_stream(src);
+        py::gil_scoped_release no_gil;
+        q.quantizer.quantizer->quantize_into(view, *q.tensor, options);
+      }, py::arg("tensor"), "Quantizes `tensor` (same shape) into the directions held now.")
       .def("dequantize", &dequantize, py::arg("direction"), py::arg("dtype"));
 
   m.def("gemm", &gemm, py::arg("a"), py::arg("direction_a"), py::arg("b"),

@@ -10,8 +10,12 @@ See docs/adapter.md. Modules of the package, one responsibility each:
   recipe        Recipe: load / validate a recipe; owns its engine and scaling state
   autocasting   autocast: the active recipe and the once-per-step scaling update
   quantization  quantize(), Quantizer, QuantizedTensor (inspection of bytes and scales)
-  nn            modules (Linear) and their autograd functions
-  convert       convert(): nn.Linear -> qrecipe.nn.Linear in place
+  quantized_param  QuantizedWeight and quantized_model_init (parameters stored quantized)
+  nn            modules Linear, LayerNormLinear (LayerNorm / RMSNorm + Linear), LayerNormMLP
+                (norm -> fc1 -> GELU / SwiGLU / ... -> fc2), GroupedLinear (MoE experts in
+                one grouped parameter), their base QuantizedModule and autograd functions
+  convert       convert(): nn.Linear -> qrecipe.nn.Linear in place; names every qrecipe
+                module by its path
 """
 from ._engine import QrecipeError, RecipeError, _C
 from .autocasting import autocast, current_recipe, is_enabled
@@ -19,6 +23,10 @@ from .convert import convert
 from .quantization import QuantizedTensor, Quantizer, quantize
 from .recipe import Recipe
 from . import nn
+from .nn.module_state import drop_scaling_states
+from .quantized_param import QuantizedWeight, quantized_model_init
+
+QuantizedParameter = QuantizedWeight  # the name DESIGN.md section 8 also uses
 
 __version__ = "0.1.0"
 
@@ -31,4 +39,5 @@ def plugins():
 __all__ = [
     "QrecipeError", "RecipeError", "Recipe", "autocast", "current_recipe", "is_enabled",
     "convert", "quantize", "QuantizedTensor", "Quantizer", "nn", "plugins", "__version__",
+    "drop_scaling_states", "QuantizedWeight", "QuantizedParameter", "quantized_model_init",
 ]

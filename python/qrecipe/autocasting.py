@@ -64,6 +64,12 @@ def note_step_activity(recipe: Recipe) -> None:
     _state.pending[id(recipe)] = recipe
 
 
+def update_pending(recipe: Recipe) -> bool:
+    """True when `recipe`'s modules ran since its last scaling update (the update is due at
+    the next outermost block entry): checkpoints record it (nn/module_state.py)."""
+    return id(recipe) in _state.pending
+
+
 def _advance_scaling() -> None:
     pending = list(_state.pending.values())
     _state.pending.clear()

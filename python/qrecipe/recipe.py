@@ -34,6 +34,9 @@ class Recipe:
             cpp.validate()  # raises RecipeError "file:line:col: ..." naming the first problem
         self._cpp = cpp
         self._engine: Optional[_C.Engine] = None
+        # Counts the changes of the delayed scales (updates, loads): a weight quantized and
+        # kept under one value is stale under the next (nn/weight_cache.py).
+        self.scaling_generation = 0
 
     # ---------------------------------------------------------------- construction
     @classmethod
@@ -124,10 +127,44 @@ class Recipe:
         run modules without autocast blocks marking the steps."""
         if self._engine is not None:
             self._engine.update_scaling()
+            self.scaling_generation += 1
 
     def scaling_states(self) -> List[dict]:
         """The delayed-scaling states (owner role, amax history, scale), in creation order."""
         return [] if self._engine is None else list(self._engine.scaling_states())
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self) -> Dict[str, Any]:
+        """Every delayed-scaling state of this recipe's engine (amax history as a float32
+        tensor, scale, scale_inv, owner), plus whether the step's update is still due, for
+        ``torch.save``. Modules also carry their own states in ``model.state_dict()``."""
+        from . import autocasting
+        from .nn.module_state import state_to_checkpoint
+        return {"recipe": self.name, "update_pending": autocasting.update_pending(self),
+                "scaling_states": [state_to_checkpoint(s) for s in self.scaling_states()]}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Loads what :meth:`state_dict` returned, bit for bit. The roles named by the
+        states are resolved first (creating their quantizers), so this works on a fresh
+        Recipe. A state whose role has another format, no delayed scaling or another
+        amax_history_len under this recipe is an error naming it; nothing is written then."""
+        from .nn.module_state import owner_role, state_from_checkpoint
+        if not isinstance(state, dict) or "scaling_states" not in state:
+            raise ValueError("Recipe.load_state_dict takes the dict Recipe.state_dict() "
+                             "returned (with a 'scaling_states' list)")
+        states = [state_from_checkpoint(s) for s in state["scaling_states"]]
+        for s in states:
+            role = owner_role(s["owner"])
+            module_type, _, rest = role.partition(":")
+            tensor_type, _, name = rest.partition("@")
+            self.engine.resolve(module_type, tensor_type, name)
+        try:
+            self.engine.load_scaling_states(states, update=bool(state.get("update_pending")))
+            self.scaling_generation += 1
+        except _C.QrecipeError as error:
+            raise _C.QrecipeError(f"loading the scaling state saved under recipe "
+                                  f"'{state.get('recipe')}' into recipe '{self.name}': "
+                                  f"{error}") from None
 
     def __repr__(self) -> str:
         return f"Recipe(name={self.name!r}, source={self.source!r})"

@@ -76,7 +76,22 @@ class Engine {
   std::vector<float> current_amaxes() const;
   void update_scaling();
   void update_scaling(const std::vector<float>& reduced_amaxes);
+  // The same update for the states `indices` only, each with its own row 0 (no reduction): a
+  // checkpoint saved between a step and its update is resumed by updating the loaded states.
+  void update_scaling_of(const std::vector<std::size_t>& indices);
   const std::vector<std::unique_ptr<ScalingState>>& scaling_states() const { return states_; }
+
+  // The values of state `index` (of scaling_states()) read through the host, and writing them
+  // back in place (the buffers and the pointers quantizers hold stay the same): checkpoints.
+  // CUDA states are copied on the legacy default stream, synchronized. set_scaling_values
+  // checks the history length and the index; the caller matches states by owner.
+  struct ScalingValues {
+    std::vector<float> amax_history;
+    float scale = 1.0f;
+    float scale_inv = 1.0f;
+  };
+  ScalingValues scaling_values(std::size_t index) const;
+  void set_scaling_values(std::size_t index, const ScalingValues& values);
 
   // Called through the host table (host_api.cpp).
   qr_scaling_state acquire_scaling_state(const qr_scaling_request& request, const std::string& owner);
@@ -90,6 +105,9 @@ class Engine {
   static Engine* from_host_context(qr_host_context* ctx) { return reinterpret_cast<Engine*>(ctx); }
 
  private:
+  void update_states(const std::vector<std::size_t>& indices,
+                     const std::vector<float>& reduced_amaxes);
+
   Recipe recipe_;
   std::shared_ptr<Registry> registry_;
   std::shared_ptr<Allocator> allocator_;

@@ -1,7 +1,15 @@
-"""qrecipe.nn: torch.nn modules whose GEMMs follow the active recipe.
+"""qrecipe.nn: torch.nn modules whose GEMMs follow the active recipe (docs/adapter.md).
 
-Implemented: Linear. Not yet: LayerNormLinear, LayerNormMLP, GroupedLinear (docs/adapter.md).
+  Linear            y = x W^T + b                             module_type linear
+  LayerNormLinear   LayerNorm / RMSNorm, then a Linear        module_type layernorm_linear
+  LayerNormMLP      norm -> fc1 -> activation -> fc2          module_type layernorm_mlp
+  GroupedLinear     num_gemms experts on row groups of x      module_type grouped_linear
+  QuantizedModule   their shared base (roles per recipe, explain, input checks)
 """
+from .base import QuantizedModule
+from .grouped_linear import GroupedLinear
+from .layernorm_linear import LayerNormLinear
+from .layernorm_mlp import LayerNormMLP
 from .linear import Linear
 
-__all__ = ["Linear"]
+__all__ = ["Linear", "LayerNormLinear", "LayerNormMLP", "GroupedLinear", "QuantizedModule"]

@@ -17,20 +17,29 @@ import torch.nn.functional as F
 
 from .. import autocasting as _autocast
 from ..quantization import SUPPORTED_DTYPES
+from ..quantized_param import QuantizedInitMixin
 from ..recipe import Recipe
 from .linear_function import LinearRoles, quantized_linear
+from .module_state import ScalingStateMixin
 
 
-class Linear(torch.nn.Module):
+class Linear(ScalingStateMixin, QuantizedInitMixin, torch.nn.Module):
     """``y = x W^T + b`` with quantized GEMMs under ``qrecipe.autocast``.
 
     ``name`` is the module's dotted path used by recipe rules (``qrecipe.convert`` sets it
-    from the model; set it yourself for modules you build directly)."""
+    from the model; set it yourself for modules you build directly).
+
+    Training-loop options (docs/adapter.md): ``forward(x, is_first_microbatch=...)`` keeps
+    the quantized weight across micro-batches; ``fuse_wgrad_accumulation=True`` accumulates
+    wgrad into ``weight.main_grad`` (FP32) instead of ``weight.grad``; the delayed-scaling
+    state of the layer's roles travels in ``state_dict()`` (``ScalingStateMixin``); under
+    ``qrecipe.quantized_model_init`` the weight is created quantized (``QuantizedInitMixin``)."""
 
     MODULE_TYPE = "linear"
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 device=None, dtype=None, name: Optional[str] = None):
+                 device=None, dtype=None, name: Optional[str] = None,
+                 fuse_wgrad_accumulation: bool = False):
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.in_features = in_features
@@ -41,6 +50,7 @@ class Linear(torch.nn.Module):
         else:
             self.register_parameter("bias", None)
         self.name = name or ""
+        self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
         self._roles: "weakref.WeakKeyDictionary[Recipe, LinearRoles]" = weakref.WeakKeyDictionary()
         self.reset_parameters()
 
@@ -87,6 +97,7 @@ class Linear(torch.nn.Module):
                             grad_output=plan.pop("grad_output"),
                             plan={**plan, "name": self.name, "out_features": self.out_features})
         self._roles[recipe] = roles
+        self._apply_loaded_scaling(recipe)  # scaling state from load_state_dict, if any
         return roles
 
     def explain(self, recipe: Optional[Recipe] = None) -> str:
@@ -102,7 +113,8 @@ class Linear(torch.nn.Module):
         return "\n".join(lines)
 
     # ---------------------------------------------------------------- forward
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor,
+                is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
         recipe = _autocast.current_recipe()
         if recipe is None:
             return F.linear(x, self.weight, self.bias)
@@ -112,7 +124,10 @@ class Linear(torch.nn.Module):
         if roles.all_none:
             return F.linear(x, self.weight, self.bias)
         _autocast.note_step_activity(recipe)
-        return quantized_linear(x, self.weight, self.bias, roles)
+        return quantized_linear(x, self.weight, self.bias, roles,
+                                is_first_microbatch=is_first_microbatch,
+                                fuse_wgrad_accumulation=self.fuse_wgrad_accumulation,
+                                who=f"qrecipe.nn.Linear {self.name!r}")
 
     def _check_input(self, x: torch.Tensor) -> None:
         who = f"qrecipe.nn.Linear {self.name!r}" if self.name else "qrecipe.nn.Linear"

@@ -11,6 +11,13 @@ activation saved for wgrad costs its quantized size, as in TransformerEngine. Un
 ``torch.no_grad()`` (or when nothing needs a gradient) only rowwise copies are made and
 nothing is saved. The GEMMs accumulate in FP32; the engine adds the bias in FP32 and rounds
 once to the output dtype (BF16 or FP32 written directly, on the CUDA path without extra passes).
+
+Training-loop features, here so every module gets them through ``quantized_linear``:
+``is_first_microbatch`` keeps the quantized weight across micro-batches (weight_cache.py);
+``fuse_wgrad_accumulation`` accumulates wgrad into ``weight.main_grad`` (FP32) in the GEMM's
+epilogue; a ``QuantizedWeight`` parameter (quantized_model_init) is used as the GEMM operand
+as stored. While torch.compile traces, the plain path is one ``torch.library`` operator
+(compile_ops.py); the features above run eagerly behind a graph break.
 """
 from __future__ import annotations
 
@@ -19,7 +26,12 @@ from typing import Optional
 
 import torch
 
+from .. import autocasting as _autocast
 from .._engine import _C
+from ..quantized_param import QuantizedWeight
+from . import compile_ops as _compile_ops
+from .compile_ops import compiled_linear, register_roles
+from .weight_cache import cached_weight_operand
 
 _ROWWISE, _COLUMNWISE = 1, 2
 
@@ -33,6 +45,9 @@ class LinearRoles:
     grad_output: Optional["_C.Quantizer"]
     plan: dict
 
+    def __post_init__(self):
+        register_roles(self)  # the handle the torch.library operators take (compile_ops.py)
+
     @property
     def all_none(self) -> bool:
         return self.input is None and self.weight is None and self.grad_output is None
@@ -43,10 +58,15 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype in (torch.float32, torch.bfloat16) else t.float()
 
 
+def _quantize(quantizer, tensor: torch.Tensor, usage: int):
+    """Every quantization of this file goes through here (tests count the calls)."""
+    return quantizer.quantize(tensor, usage)
+
+
 def _operand(quantizer, tensor: torch.Tensor, usage: int):
     if quantizer is None:
         return _dense(tensor)
-    return quantizer.quantize(tensor, usage)
+    return _quantize(quantizer, tensor, usage)
 
 
 def _keep_columnwise(operand):
@@ -71,18 +91,26 @@ def _gemm(kind: str, a, direction_a: str, b, direction_b: str, rows: int, cols: 
 
 
 def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                   roles: LinearRoles, need_dgrad: bool, need_wgrad: bool):
-    """Returns (y, saved) where saved = (x operand for wgrad, W operand for dgrad)."""
+                   roles: LinearRoles, need_dgrad: bool, need_wgrad: bool, weight_op=None):
+    """Returns (y, saved) where saved = (x operand for wgrad, W operand for dgrad).
+
+    `weight_op`: an already quantized weight operand holding the directions needed (a cached
+    or a stored one); it is used as is and never trimmed."""
     in_features = weight.shape[1]
     x2 = x.reshape(-1, in_features).contiguous()
-    w = weight.contiguous()
     x_op = _operand(roles.input, x2, _ROWWISE | (_COLUMNWISE if need_wgrad else 0))
-    w_op = _operand(roles.weight, w, _ROWWISE | (_COLUMNWISE if need_dgrad else 0))
+    if weight_op is not None:
+        w_op = weight_op
+    else:
+        w_op = _operand(roles.weight, weight.contiguous(),
+                        _ROWWISE | (_COLUMNWISE if need_dgrad else 0))
     y = _gemm("fprop", x_op, "rowwise", w_op, "rowwise", x2.shape[0], weight.shape[0], x,
               x.dtype, bias)
     y = y.reshape(*x.shape[:-1], weight.shape[0])
     saved_x = _keep_columnwise(x_op) if need_wgrad else None
-    saved_w = _keep_columnwise(w_op) if need_dgrad else None
+    saved_w = None
+    if need_dgrad:
+        saved_w = w_op if weight_op is not None else _keep_columnwise(w_op)
     return y, (saved_x, saved_w)
 
 
@@ -90,9 +118,13 @@ class LinearFunction(torch.autograd.Function):
     """Autograd for :func:`linear_forward`; called by ``qrecipe.nn.Linear`` only."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, roles: LinearRoles, need_dgrad: bool, need_wgrad: bool):
-        y, (saved_x, saved_w) = linear_forward(x, weight, bias, roles, need_dgrad, need_wgrad)
+    def forward(ctx, x, weight, bias, roles: LinearRoles, need_dgrad: bool, need_wgrad: bool,
+                weight_op=None, fuse_wgrad_accumulation: bool = False):
+        y, (saved_x, saved_w) = linear_forward(x, weight, bias, roles, need_dgrad, need_wgrad,
+                                               weight_op)
         ctx.roles = roles
+        # main_grad accumulation: the Parameter itself is kept to reach .main_grad in backward.
+        ctx.main_grad_weight = weight if (fuse_wgrad_accumulation and need_wgrad) else None
         ctx.need_dgrad, ctx.need_wgrad = need_dgrad, need_wgrad
         ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weight.dtype
         ctx.has_bias = bias is not None
@@ -122,27 +154,106 @@ class LinearFunction(torch.autograd.Function):
             if need_dgrad:
                 dx = _gemm("dgrad", dy_op, "rowwise", saved_w, "columnwise", tokens,
                            ctx.x_shape[-1], dy, ctx.x_dtype).reshape(ctx.x_shape)
-            if need_wgrad:
+            if need_wgrad and ctx.main_grad_weight is not None:
+                # out = dy^T x + main_grad in FP32, in the GEMM's epilogue; no .grad (as TE).
+                main_grad = _main_grad_of(ctx.main_grad_weight, out_features, ctx.x_shape[-1],
+                                          dy.device)
+                _C.gemm(dy_op, "columnwise", saved_x, "columnwise", main_grad, accumulate=True,
+                        kind="wgrad")
+            elif need_wgrad:
                 dw = _gemm("wgrad", dy_op, "columnwise", saved_x, "columnwise", out_features,
                            ctx.x_shape[-1], dy, ctx.w_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.float().sum(0).to(ctx.bias_dtype)
         ctx.saved_q = None
-        return dx, dw, db, None, None, None
+        ctx.main_grad_weight = None
+        return dx, dw, db, None, None, None, None, None
+
+
+def _main_grad_of(weight: torch.Tensor, rows: int, cols: int, device: torch.device):
+    """weight.main_grad, checked: the FP32 buffer wgrad accumulates into."""
+    main_grad = getattr(weight, "main_grad", None)
+    if main_grad is None:
+        raise RuntimeError(
+            "fuse_wgrad_accumulation=True but the weight has no .main_grad; allocate it before "
+            "the first backward: weight.main_grad = torch.zeros_like(weight, "
+            "dtype=torch.float32)")
+    if not isinstance(main_grad, torch.Tensor) or main_grad.dtype != torch.float32 or \
+            tuple(main_grad.shape) != (rows, cols) or not main_grad.is_contiguous() or \
+            main_grad.device != device:
+        what = (f"{main_grad.dtype} of shape {tuple(main_grad.shape)} on {main_grad.device}"
+                f"{'' if main_grad.is_contiguous() else ' (not contiguous)'}"
+                if isinstance(main_grad, torch.Tensor) else type(main_grad).__name__)
+        raise RuntimeError(
+            f"weight.main_grad must be a contiguous torch.float32 tensor of shape "
+            f"{(rows, cols)} on {device}, got {what}")
+    return main_grad
+
+
+def _stored_weight_operand(weight: "QuantizedWeight", need_dgrad: bool, who: str):
+    """The bytes a QuantizedWeight holds, used as they are (quantized_model_init). They were
+    made by the quantizer the recipe gave the weight's role at creation; the GEMM reads them
+    with that quantizer whatever the active recipe says for the role."""
+    operand = weight.engine_tensor
+    for direction, needed in (("rowwise", True), ("columnwise", need_dgrad)):
+        if needed and not operand.has(direction):
+            raise RuntimeError(f"{who}: its QuantizedWeight holds {operand.usage} data only but "
+                               f"the GEMMs need {direction}; create it with both directions "
+                               "(quantized_model_init does)")
+    return operand
+
+
+def _scaling_generation() -> int:
+    """The active recipe's count of delayed-scale changes (0 outside autocast)."""
+    recipe = _autocast.current_recipe()
+    return 0 if recipe is None else recipe.scaling_generation
 
 
 def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                     roles: LinearRoles) -> torch.Tensor:
+                     roles: LinearRoles, *, is_first_microbatch: Optional[bool] = None,
+                     fuse_wgrad_accumulation: bool = False,
+                     who: str = "qrecipe module") -> torch.Tensor:
     """``y = x W^T + b`` under `roles`: the one entry every qrecipe module uses for its GEMMs.
 
     Builds the autograd graph only when something needs a gradient, so under
     ``torch.no_grad()`` (or for frozen inputs and weights) only the rowwise copies the
-    forward needs are made and nothing is saved."""
+    forward needs are made and nothing is saved.
+
+    is_first_microbatch: None quantizes the weight every call; True quantizes it and keeps the
+    quantized operand, False reuses it (weight_cache.py). fuse_wgrad_accumulation: wgrad is
+    accumulated into ``weight.main_grad`` (FP32) by the GEMM and the weight gets no ``.grad``.
+    `who` names the calling module in errors."""
+    if _compile_ops.AVAILABLE and torch.compiler.is_compiling():
+        if is_first_microbatch is None and not fuse_wgrad_accumulation and \
+                not isinstance(weight, QuantizedWeight):
+            return compiled_linear(x, weight, bias, roles)  # custom operators (compile_ops.py)
+        # Weight caching, main_grad and stored quantized weights run eagerly: one clean graph
+        # break instead of dynamo trying to trace the engine bindings.
+        return _quantized_linear_not_traced(x, weight, bias, roles, is_first_microbatch,
+                                            fuse_wgrad_accumulation, who)
+    return _quantized_linear_eager(x, weight, bias, roles, is_first_microbatch,
+                                   fuse_wgrad_accumulation, who)
+
+
+def _quantized_linear_eager(x, weight, bias, roles, is_first_microbatch,
+                            fuse_wgrad_accumulation, who):
     grad = torch.is_grad_enabled()
     need_dgrad = grad and x.requires_grad
     need_wgrad = grad and weight.requires_grad
     needs_bias_grad = grad and bias is not None and bias.requires_grad
+    weight_op = None
+    if isinstance(weight, QuantizedWeight):
+        weight_op = _stored_weight_operand(weight, need_dgrad, who)
+    elif roles.weight is not None:
+        weight_op = cached_weight_operand(
+            weight, roles.weight, _ROWWISE | (_COLUMNWISE if need_dgrad else 0),
+            is_first_microbatch, lambda q, t, u: _quantize(q, t, u), who,
+            _scaling_generation())
     if not (need_dgrad or need_wgrad or needs_bias_grad):
-        return linear_forward(x, weight, bias, roles, False, False)[0]
-    return LinearFunction.apply(x, weight, bias, roles, need_dgrad, need_wgrad)
+        return linear_forward(x, weight, bias, roles, False, False, weight_op)[0]
+    return LinearFunction.apply(x, weight, bias, roles, need_dgrad, need_wgrad, weight_op,
+                                bool(fuse_wgrad_accumulation))
 
+
+# The same, run by dynamo as an opaque call (a graph break) rather than traced.
+_quantized_linear_not_traced = torch.compiler.disable(_quantized_linear_eager)

@@ -1,0 +1,193 @@
+"""What every ``qrecipe.nn`` module shares: its name, its GEMMs' quantizer roles (resolved
+once per recipe and cached), the autocast dispatch of one GEMM, input checks and ``explain``.
+
+A module lists its GEMMs in :meth:`QuantizedModule.gemms` as ``{key: (in, out)}``; the key
+is ``""`` for a module with a single GEMM (whose roles are named by the module's name alone)
+and a suffix such as ``"fc1"`` otherwise (roles named ``"<name>.fc1"``). Every GEMM runs
+through :meth:`QuantizedModule._linear`, which calls ``torch.nn.functional.linear`` outside
+``qrecipe.autocast`` or when the recipe gives the GEMM's three roles format ``none`` (so the
+module is bit-identical to its plain torch composition) and ``quantized_linear`` otherwise.
+
+How to add a module: subclass, set ``MODULE_TYPE`` (the recipe's ``module_type``; list it in
+docs/recipes.md), implement ``gemms()``, and call ``self._linear(x, w, b, key)`` per GEMM.
+``qrecipe.convert`` names every ``QuantizedModule`` of a model by its path.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .. import autocasting as _autocast
+from ..quantization import SUPPORTED_DTYPES
+from ..recipe import Recipe
+from .linear_function import LinearRoles, quantized_linear
+from .module_state import ScalingStateMixin
+
+_ROLE_TYPES = ("input", "weight", "grad_output")
+_GEMM_KINDS = ("fprop", "dgrad", "wgrad")
+
+
+def init_linear_parameters(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+    """torch.nn.Linear's initialisation of a [out, in] weight (Kaiming-uniform) and its bias
+    (uniform in +-1/sqrt(in)), drawing from torch's RNG in the same order."""
+    if weight.is_meta:
+        return
+    torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+    if bias is not None:
+        fan_in = weight.shape[1]
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+        torch.nn.init.uniform_(bias, -bound, bound)
+
+
+class QuantizedModule(ScalingStateMixin, torch.nn.Module):
+    """Base of the qrecipe.nn modules. ``name`` is the dotted path recipe rules match
+    (``qrecipe.convert`` sets it from the model; set it yourself for modules you build
+    directly). The delayed-scaling state of the module's roles travels in its
+    ``state_dict`` (``ScalingStateMixin``, nn/module_state.py)."""
+
+    MODULE_TYPE = ""  # the recipe's module_type; every subclass sets it
+
+    def __init__(self, name: Optional[str] = None):
+        super().__init__()
+        self.name = name or ""
+        # recipe -> {gemm key: LinearRoles}. Weak keys: a recipe that is gone frees its
+        # quantizers. Never copied or pickled (a copy re-resolves), see __getstate__.
+        self._roles: "weakref.WeakKeyDictionary[Recipe, Dict[str, LinearRoles]]" = \
+            weakref.WeakKeyDictionary()
+
+    # ---------------------------------------------------------------- GEMMs and roles
+    def gemms(self) -> Dict[str, Tuple[int, int]]:
+        """``{key: (in_features, out_features)}`` of each GEMM, in forward order."""
+        raise NotImplementedError(f"{type(self).__name__} must list its GEMMs in gemms()")
+
+    def role_name(self, gemm: str = "") -> str:
+        """The ``name`` part of the roles of GEMM `gemm`: the module's name, plus ``.<key>``
+        for modules with several GEMMs (``"layers.0.mlp.fc1"``)."""
+        if not gemm:
+            return self.name
+        return f"{self.name}.{gemm}" if self.name else gemm
+
+    def roles(self, recipe: Recipe, tokens: int = 1, gemm: str = "") -> LinearRoles:
+        """The quantizers `recipe` gives GEMM `gemm` (cached per recipe; re-resolved when the
+        name changes). Planning the three GEMMs here reports a quantizer that cannot serve a
+        GEMM before the first step. `tokens` only shapes that first plan."""
+        shapes = self.gemms()
+        if gemm not in shapes:
+            raise KeyError(f"{self._who()}: no GEMM {gemm!r}; its GEMMs are "
+                           f"{', '.join(repr(k) for k in shapes)}")
+        per_recipe = self._roles.get(recipe)
+        if per_recipe is not None:
+            return self._plan(recipe, per_recipe, gemm, tokens)
+        # First use of `recipe`: plan every GEMM (the requested one with its tokens), keep
+        # them only when all succeeded, then write back a scaling state loaded from a
+        # checkpoint (it names the roles of all GEMMs).
+        per_recipe = {}
+        roles = self._plan(recipe, per_recipe, gemm, tokens)
+        for other in shapes:
+            self._plan(recipe, per_recipe, other, 1)
+        self._roles[recipe] = per_recipe
+        self._apply_loaded_scaling(recipe)
+        return roles
+
+    def _plan(self, recipe: Recipe, per_recipe: Dict[str, LinearRoles], gemm: str,
+              tokens: int) -> LinearRoles:
+        in_features, out_features = self.gemms()[gemm]
+        name = self.role_name(gemm)
+        cached = per_recipe.get(gemm)
+        if cached is not None and cached.plan["name"] == name:
+            return cached
+        plan = dict(recipe.engine.plan_linear(self.MODULE_TYPE, name, in_features,
+                                              out_features, max(1, tokens)))
+        roles = LinearRoles(input=plan.pop("input"), weight=plan.pop("weight"),
+                            grad_output=plan.pop("grad_output"),
+                            plan={**plan, "name": name, "out_features": out_features})
+        per_recipe[gemm] = roles
+        return roles
+
+    def resolve_roles(self, recipe: Recipe) -> Dict[str, LinearRoles]:
+        """The roles of every GEMM under `recipe` (``qrecipe.convert(model, recipe)`` calls
+        this so a recipe that cannot serve a module fails at conversion)."""
+        return {gemm: self.roles(recipe, gemm=gemm) for gemm in self.gemms()}
+
+    def explain(self, recipe=None) -> str:
+        """Which quantizer each role of each GEMM gets and how each GEMM runs (on the CPU).
+        `recipe`: a Recipe, a path, a dict, or None for the default recipe."""
+        recipe = _autocast.as_recipe(recipe)
+        lines: List[str] = []
+        for gemm in self.gemms():
+            r = self.roles(recipe, gemm=gemm)
+            lines.append(f"{self.MODULE_TYPE} {self.role_name(gemm) or '<unnamed>'} "
+                         f"under recipe {recipe.name}:")
+            for role in _ROLE_TYPES:
+                q = getattr(r, role)
+                lines.append(f"  {role:<12} {'none' if q is None else q.describe()}")
+            for kind in _GEMM_KINDS:
+                lines.append(f"  {kind:<12} {r.plan[kind]}")
+        lines.extend(self._explain_notes())
+        return "\n".join(lines)
+
+    def _explain_notes(self) -> List[str]:
+        """Extra lines a module adds to explain() (how its GEMMs share roles, ...)."""
+        return []
+
+    # ---------------------------------------------------------------- forward helpers
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                gemm: str = "", is_first_microbatch: Optional[bool] = None,
+                fuse_wgrad_accumulation: bool = False) -> torch.Tensor:
+        """``y = x W^T + b`` for GEMM `gemm` under the active recipe: torch's F.linear when
+        nothing is quantized, else the quantized GEMMs of ``quantized_linear`` (with its
+        weight caching across micro-batches and FP32 main_grad accumulation)."""
+        recipe = _autocast.current_recipe()
+        if recipe is None:
+            return F.linear(x, weight, bias)
+        in_features = weight.shape[1]
+        tokens = x.numel() // in_features if in_features else 0
+        roles = self.roles(recipe, tokens, gemm)
+        if roles.all_none:
+            return F.linear(x, weight, bias)
+        _autocast.note_step_activity(recipe)
+        return quantized_linear(x, weight, bias, roles, is_first_microbatch=is_first_microbatch,
+                                fuse_wgrad_accumulation=fuse_wgrad_accumulation,
+                                who=self._who())
+
+    def _who(self) -> str:
+        kind = f"qrecipe.nn.{type(self).__name__}"
+        return f"{kind} {self.name!r}" if self.name else kind
+
+    def _check_input(self, x: torch.Tensor, in_features: int,
+                     weights: Tuple[torch.Tensor, ...] = (), what: str = "in_features") -> None:
+        """Type and last dimension always (cheap, and clearer than torch's own messages);
+        the dtypes of `x` and `weights` only under autocast, where the engine reads them."""
+        who = self._who()
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{who}: input must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() == 0 or x.shape[-1] != in_features:
+            raise ValueError(f"{who}: input of shape {tuple(x.shape)} does not end in "
+                             f"{what}={in_features}")
+        if _autocast.current_recipe() is None:
+            return
+        if x.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{who}: input dtype {x.dtype} is not supported under "
+                            "qrecipe.autocast; use float32, bfloat16 or float16")
+        for w in weights:
+            if w.dtype not in SUPPORTED_DTYPES:
+                raise TypeError(f"{who}: weight dtype {w.dtype} is not supported; use "
+                                "float32, bfloat16 or float16")
+
+    # ---------------------------------------------------------------- copy / pickle
+    # The role cache holds engine objects: never copied or pickled (a copy re-resolves).
+    def __getstate__(self):
+        state = super().__getstate__().copy()
+        state["_roles"] = None
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._roles = weakref.WeakKeyDictionary()
+
+    def _name_repr(self) -> str:
+        return f", name={self.name!r}" if self.name else ""

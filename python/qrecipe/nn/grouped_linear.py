@@ -1,0 +1,184 @@
+"""``qrecipe.nn.GroupedLinear``: ``num_gemms`` linear layers of the same shape (MoE experts)
+applied to consecutive row groups of one input, as TransformerEngine's module of the same
+name.
+
+    y = module(x, m_splits)     # x [sum(m_splits), in] (or [..., in]); y [..., out]
+
+Rows ``[sum(m_splits[:i]), sum(m_splits[:i+1]))`` of ``x`` go to expert ``i``. Storage:
+with ``single_grouped_parameter=True`` (the default) all experts' weights live in ONE
+contiguous Parameter ``weight`` of shape [num_gemms * out, in]: expert ``i`` is rows
+``[i*out, (i+1)*out)``, i.e. element offset ``i*out*in`` (and one ``bias`` [num_gemms * out],
+expert ``i`` at ``[i*out, (i+1)*out)``); otherwise ``weight0`` .. ``weight{n-1}`` and
+``bias0`` .. ``bias{n-1}`` as in TransformerEngine.
+
+Numerics: each expert is exactly a ``qrecipe.nn.Linear`` on its rows (the same
+``quantized_linear`` call, each expert's input and weight quantized as tensors of their
+own, so their scales are those separate layers would have); outputs are concatenated in
+expert order. Roles: module_type ``grouped_linear``, name = the module's name for every
+expert, so the experts share one quantizer per role: a delayed-scaling role keeps one amax
+history for all experts (their max), and a stochastic-rounding role one call counter. An
+expert with no rows still runs (empty GEMMs), so every expert's weight gets a gradient (zero)
+and is quantized each step whatever the routing.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from .. import autocasting as _autocast
+from .base import QuantizedModule, init_linear_parameters
+
+Splits = Union[Sequence[int], torch.Tensor]
+
+
+class GroupedLinear(QuantizedModule):
+    """``num_gemms`` experts ``y_i = x_i W_i^T + b_i`` with quantized GEMMs under
+    ``qrecipe.autocast``; ``forward(x, m_splits)``.
+
+    ``fuse_wgrad_accumulation=True`` accumulates wgrad into FP32 ``main_grad`` buffers
+    instead of ``.grad`` (docs/adapter.md): ``weight.main_grad`` [num_gemms * out, in] in the
+    single-parameter layout (expert i's rows as above), ``weight{i}.main_grad`` otherwise."""
+
+    MODULE_TYPE = "grouped_linear"
+
+    def __init__(self, num_gemms: int, in_features: int, out_features: int, bias: bool = True,
+                 single_grouped_parameter: bool = True, device=None, dtype=None,
+                 name: Optional[str] = None, fuse_wgrad_accumulation: bool = False):
+        super().__init__(name)
+        if isinstance(num_gemms, bool) or not isinstance(num_gemms, int) or num_gemms < 1:
+            raise ValueError(f"{self._who()}: num_gemms must be a positive int (the number of "
+                             f"experts), got {num_gemms!r}")
+        factory = {"device": device, "dtype": dtype}
+        self.num_gemms = num_gemms
+        self.in_features = in_features
+        self.out_features = out_features
+        self.single_grouped_parameter = single_grouped_parameter
+        self.use_bias = bias
+        self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
+        if single_grouped_parameter:
+            self.weight = torch.nn.Parameter(
+                torch.empty((num_gemms * out_features, in_features), **factory))
+            if bias:
+                self.bias = torch.nn.Parameter(torch.empty(num_gemms * out_features, **factory))
+            else:
+                self.register_parameter("bias", None)
+        else:
+            for i in range(num_gemms):
+                setattr(self, f"weight{i}", torch.nn.Parameter(
+                    torch.empty((out_features, in_features), **factory)))
+                if bias:
+                    setattr(self, f"bias{i}",
+                            torch.nn.Parameter(torch.empty(out_features, **factory)))
+                else:
+                    self.register_parameter(f"bias{i}", None)
+        self.reset_parameters()
+
+    # ---------------------------------------------------------------- experts
+    def expert_weights(self) -> List[torch.Tensor]:
+        """Each expert's [out, in] weight: views of ``weight`` (rows [i*out, (i+1)*out)) in
+        the single-parameter layout, the parameters ``weight{i}`` otherwise."""
+        if self.single_grouped_parameter:
+            return list(self.weight.split(self.out_features, dim=0))
+        return [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
+
+    def expert_biases(self) -> List[Optional[torch.Tensor]]:
+        if not self.use_bias:
+            return [None] * self.num_gemms
+        if self.single_grouped_parameter:
+            return list(self.bias.split(self.out_features, dim=0))
+        return [getattr(self, f"bias{i}") for i in range(self.num_gemms)]
+
+    def reset_parameters(self) -> None:
+        """Each expert as torch.nn.Linear (Kaiming-uniform weight, then uniform bias), expert
+        0 first, so both storage layouts draw the same values from the same seed."""
+        with torch.no_grad():
+            for w, b in zip(self.expert_weights(), self.expert_biases()):
+                init_linear_parameters(w, b)
+
+    def gemms(self) -> Dict[str, Tuple[int, int]]:
+        return {"": (self.in_features, self.out_features)}
+
+    def _explain_notes(self) -> List[str]:
+        layout = ("one parameter 'weight', expert i at rows [i*out, (i+1)*out)"
+                  if self.single_grouped_parameter else "parameters weight0..weight"
+                  f"{self.num_gemms - 1}")
+        return [f"  experts      {self.num_gemms} GEMMs share these roles; each expert's "
+                f"tensors are quantized separately; {layout}"]
+
+    # ---------------------------------------------------------------- forward
+    def _check_splits(self, m_splits: Splits, x: torch.Tensor) -> List[int]:
+        who = self._who()
+        if isinstance(m_splits, torch.Tensor):
+            if m_splits.dim() != 1 or m_splits.is_floating_point() or m_splits.is_complex():
+                raise TypeError(f"{who}: m_splits must be a 1-D integer tensor or a list of "
+                                f"ints, got a {m_splits.dtype} tensor of shape "
+                                f"{tuple(m_splits.shape)}")
+            splits = m_splits.tolist()  # a device tensor synchronises here
+        else:
+            try:
+                splits = [operator.index(m) for m in m_splits]
+            except TypeError:
+                raise TypeError(f"{who}: m_splits must be a list of ints (rows per expert), "
+                                f"got {m_splits!r}") from None
+        if len(splits) != self.num_gemms:
+            raise ValueError(f"{who}: m_splits has {len(splits)} entries, expected "
+                             f"num_gemms={self.num_gemms} (one row count per expert)")
+        for i, m in enumerate(splits):
+            if m < 0:
+                raise ValueError(f"{who}: m_splits[{i}] = {m} is negative; row counts must be "
+                                 ">= 0")
+        rows = x.numel() // self.in_features if self.in_features else 0
+        if sum(splits) != rows:
+            raise ValueError(f"{who}: m_splits sums to {sum(splits)} but the input of shape "
+                             f"{tuple(x.shape)} has {rows} rows; the splits must cover every "
+                             "row, in expert order")
+        return splits
+
+    def _attach_main_grad_views(self, weights: List[torch.Tensor]) -> None:
+        """Single-parameter layout with fuse_wgrad_accumulation: each expert's view gets the
+        matching rows of ``weight.main_grad`` as its own main_grad, so its wgrad GEMM
+        accumulates straight into the one FP32 buffer."""
+        if _autocast.current_recipe() is None or not torch.is_grad_enabled() or \
+                not self.weight.requires_grad:
+            return  # plain F.linear: autograd fills weight.grad as usual
+        main_grad = getattr(self.weight, "main_grad", None)
+        if main_grad is None:
+            raise RuntimeError(
+                f"{self._who()}: fuse_wgrad_accumulation=True but weight has no .main_grad; "
+                "allocate it before the first backward: module.weight.main_grad = "
+                "torch.zeros_like(module.weight, dtype=torch.float32)")
+        if tuple(main_grad.shape) != tuple(self.weight.shape):
+            raise RuntimeError(
+                f"{self._who()}: weight.main_grad has shape {tuple(main_grad.shape)}, expected "
+                f"{tuple(self.weight.shape)} (the grouped weight's)")
+        for w, rows in zip(weights, main_grad.split(self.out_features, dim=0)):
+            w.main_grad = rows
+
+    def forward(self, x: torch.Tensor, m_splits: Splits,
+                is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
+        """`is_first_microbatch` (weight caching across micro-batches, docs/adapter.md) needs
+        ``single_grouped_parameter=False``: the cache is keyed by the weight tensor, and the
+        single layout's per-expert views are new tensors at every call."""
+        if is_first_microbatch is not None and self.single_grouped_parameter:
+            raise ValueError(
+                f"{self._who()}: is_first_microbatch is not supported with "
+                "single_grouped_parameter=True yet (the weight cache is keyed by tensor and "
+                "the per-expert views are new each call); pass None, or build the module with "
+                "single_grouped_parameter=False")
+        weights = self.expert_weights()
+        self._check_input(x, self.in_features, tuple(weights))
+        splits = self._check_splits(m_splits, x)
+        if self.fuse_wgrad_accumulation and self.single_grouped_parameter:
+            self._attach_main_grad_views(weights)
+        xs = x.reshape(-1, self.in_features).split(splits, dim=0)
+        outs = [self._linear(xi, wi, bi, "", is_first_microbatch, self.fuse_wgrad_accumulation)
+                for xi, wi, bi in zip(xs, weights, self.expert_biases())]
+        return torch.cat(outs, dim=0).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        s = (f"num_gemms={self.num_gemms}, in_features={self.in_features}, "
+             f"out_features={self.out_features}, bias={self.use_bias}, "
+             f"single_grouped_parameter={self.single_grouped_parameter}")
+        return s + self._name_repr()

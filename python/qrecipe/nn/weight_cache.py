@@ -1,0 +1,116 @@
+"""Quantized weights kept across the micro-batches of one step (``is_first_microbatch``, as in
+TransformerEngine; DESIGN.md section 8).
+
+With gradient accumulation the weights do not change between the micro-batches of a step,
+so quantizing them again for every micro-batch is wasted work. A module called with
+
+    is_first_microbatch=True    quantizes its weight and keeps the quantized operand
+    is_first_microbatch=False   reuses the kept operand (an error if there is none)
+    is_first_microbatch=None    (default) quantizes every call and keeps nothing
+
+The kept operand is keyed by the weight tensor (weakly: it goes when the weight goes) and the
+quantizer that made it (a second recipe gets its own entry). It remembers the weight's
+``_version`` counter and storage address: an in-place change (an optimizer step, ``copy_``
+under ``no_grad``) or a new ``.data`` makes the entry stale, and so does a change of the
+recipe's delayed scales (``Recipe.scaling_generation``: a scaling update at the entry of the
+next outermost ``autocast``, or a checkpoint load). A stale entry is never used:
+``is_first_microbatch=False`` then quantizes again and replaces it (counted in
+``stats["stale"]``), so forgetting ``True`` after an optimizer step costs time, never
+correctness.
+
+The operand holds the directions the step needs: rowwise for fprop, plus columnwise (dgrad)
+when gradients are enabled at the first micro-batch, so a later micro-batch needing dgrad
+finds it. Backward uses the kept operand as is (it is never trimmed to columnwise only).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+_ROWWISE, _COLUMNWISE = 1, 2
+
+
+@dataclass
+class _Entry:
+    operand: object        # _C.QuantizedTensor
+    quantizer: object      # the _C.Quantizer that made it (kept so its id stays unique)
+    usage: int
+    version: int
+    generation: int        # the recipe's scaling_generation when it was made
+    data_ptr: int
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device
+
+    def fresh_for(self, weight: torch.Tensor, generation: int) -> bool:
+        return (self.version == weight._version and self.generation == generation
+                and self.data_ptr == weight.data_ptr()
+                and self.shape == weight.shape and self.dtype == weight.dtype
+                and self.device == weight.device)
+
+
+# weight tensor -> {id(quantizer): _Entry}
+_cache: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
+
+# Counters for tests and for users checking that caching works.
+stats: Dict[str, int] = {"quantized": 0, "reused": 0, "stale": 0}
+
+
+def cached_weight_operand(weight: torch.Tensor, quantizer, usage: int,
+                          is_first_microbatch: Optional[bool],
+                          quantize: Callable[[object, torch.Tensor, int], object],
+                          who: str = "qrecipe module", generation: int = 0):
+    """The quantized operand of `weight` for this call, or None when caching is off
+    (``is_first_microbatch is None``: the caller quantizes as usual).
+
+    `usage` is what this call needs; `quantize(quantizer, tensor, usage)` makes an operand;
+    `generation` is the recipe's ``scaling_generation`` (a delayed scale changed since the
+    entry was made makes it stale)."""
+    if is_first_microbatch is None:
+        return None
+    if not isinstance(is_first_microbatch, bool):
+        raise TypeError(f"{who}: is_first_microbatch must be True, False or None, got "
+                        f"{is_first_microbatch!r}")
+    per_weight = _cache.get(weight)
+    entry = None if per_weight is None else per_weight.get(id(quantizer))
+    if not is_first_microbatch:
+        if entry is None:
+            raise RuntimeError(
+                f"{who}: is_first_microbatch=False but no quantized weight is cached for this "
+                f"weight under quantizer {quantizer.describe()} ({quantizer.role}); call the "
+                "module with is_first_microbatch=True on the first micro-batch of each step")
+        fresh = entry.fresh_for(weight, generation)
+        if fresh and (entry.usage & usage) == usage:
+            stats["reused"] += 1
+            return entry.operand
+        if not fresh:
+            stats["stale"] += 1
+        usage |= entry.usage  # keep every direction the step has needed so far
+    elif torch.is_grad_enabled():
+        usage |= _COLUMNWISE  # dgrad of a later micro-batch
+    source = weight.detach().contiguous()
+    operand = quantize(quantizer, source, usage)
+    stats["quantized"] += 1
+    if per_weight is None:
+        per_weight = {}
+        _cache[weight] = per_weight
+    per_weight[id(quantizer)] = _Entry(operand, quantizer, usage, weight._version, generation,
+                                       weight.data_ptr(), weight.shape, weight.dtype,
+                                       weight.device)
+    return operand
+
+
+def clear(weight: Optional[torch.Tensor] = None) -> None:
+    """Drops the kept quantized operands of `weight` (all weights when None)."""
+    if weight is None:
+        _cache.clear()
+    else:
+        _cache.pop(weight, None)
+
+
+def reset_stats() -> None:
+    for key in stats:
+        stats[key] = 0

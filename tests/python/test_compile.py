@@ -1,0 +1,120 @@
+"""torch.compile of qrecipe modules through the torch.library operators (nn/compile_ops.py):
+the traced graph holds the qrecipe operators and computes what eager mode computes, bit for bit."""
+import pytest
+import torch
+
+import qrecipe
+from qrecipe import autocasting
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    # Each test builds new modules and recipes, which dynamo guards on: start from an empty
+    # cache so the suite never reaches the recompile limit.
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def layer_and_data(dtype=torch.float32, bias=True, seed=0):
+    torch.manual_seed(seed)
+    layer = qrecipe.nn.Linear(32, 16, bias=bias, dtype=dtype, name="fc")
+    x = torch.randn(2, 8, 32, dtype=dtype)  # N-D: leading dims are tokens
+    dy = torch.randn(2, 8, 16, dtype=dtype)
+    return layer, x, dy
+
+
+def step(module, params, x, dy, recipe):
+    for p in params:
+        p.grad = None
+    x = x.clone().requires_grad_()
+    with qrecipe.autocast(recipe):
+        y = module(x)
+    y.backward(dy)
+    return [y.detach(), x.grad] + [p.grad for p in params]
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("recipe_name,dtype,bias", [("default", torch.float32, True),
+                                                    ("mxfp8", torch.bfloat16, False),
+                                                    ("hybrid_fp8_mx", torch.float32, True)])
+def test_compiled_linear_matches_eager_bit_for_bit(backend, recipe_name, dtype, bias):
+    recipe = qrecipe.Recipe.builtin(recipe_name)
+    layer, x, dy = layer_and_data(dtype, bias)
+    params = list(layer.parameters())
+    eager = step(layer, params, x, dy, recipe)
+    layer.roles(recipe)  # resolving roles makes engine objects: not traceable, do it first
+    compiled = torch.compile(layer, backend=backend, fullgraph=True)
+    traced = step(compiled, params, x, dy, recipe)
+    assert len(eager) == len(traced)
+    for a, b in zip(eager, traced):
+        assert torch.equal(a, b)
+
+
+def test_graph_holds_the_qrecipe_operator():
+    recipe = qrecipe.Recipe.default()
+    layer, x, _ = layer_and_data()
+    layer.roles(recipe)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(layer, backend=backend, fullgraph=True)
+    with qrecipe.autocast(recipe):
+        compiled(x)
+    targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert targets == ["qrecipe.linear_forward"]
+    # Outside autocast the same compiled module is F.linear (dynamo guards on the recipe).
+    assert torch.equal(compiled(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+
+
+def test_delayed_scaling_steps_match_eager():
+    def train(compile_it):
+        layer, _, _ = layer_and_data(seed=4)
+        recipe = qrecipe.Recipe.builtin("float8_delayed")
+        layer.roles(recipe)
+        module = torch.compile(layer, backend="eager", fullgraph=True) if compile_it else layer
+        opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+        outs = []
+        for i in range(3):
+            x = torch.randn(8, 32, generator=torch.Generator().manual_seed(i))
+            opt.zero_grad()
+            with qrecipe.autocast(recipe):
+                y = module(x)
+            assert autocasting.update_pending(recipe)  # the traced forward marked the step
+            y.square().sum().backward()
+            opt.step()
+            outs.append(y.detach())
+        return outs, [s["scale"] for s in recipe.scaling_states()]
+
+    eager_outs, eager_scales = train(False)
+    outs, scales = train(True)
+    assert all(torch.equal(a, b) for a, b in zip(outs, eager_outs))
+    assert scales == eager_scales and any(s != 1.0 for s in scales)
+
+
+def test_unresolved_roles_and_eager_only_features_fall_back_with_graph_breaks():
+    recipe = qrecipe.Recipe.default()
+    layer, x, dy = layer_and_data()
+    params = list(layer.parameters())
+    eager = step(layer, params, x, dy, recipe)
+    fresh, _, _ = layer_and_data()
+    compiled = torch.compile(fresh, backend="eager")  # not fullgraph: breaks are allowed
+    assert all(torch.equal(a, b) for a, b in
+               zip(step(compiled, list(fresh.parameters()), x, dy, recipe), eager))
+    with qrecipe.autocast(recipe):  # weight caching takes the eager path inside the graph
+        y = compiled(x, is_first_microbatch=True)
+    assert torch.equal(y.detach(), eager[0])
+
+
+def test_operators_pass_opcheck():
+    recipe = qrecipe.Recipe.default()
+    layer, x, dy = layer_and_data()
+    handle = id(layer.roles(recipe))
+    x = x.reshape(-1, 32)
+    torch.library.opcheck(torch.ops.qrecipe.linear_forward.default,
+                          (x.clone().requires_grad_(), layer.weight, layer.bias, handle))
+    torch.library.opcheck(torch.ops.qrecipe.linear_backward.default,
+                          (dy.reshape(-1, 16), x, layer.weight.detach(), handle, True, True))

@@ -1,0 +1,319 @@
+"""qrecipe.nn.GroupedLinear: the same numbers as separate layers (torch.nn.Linear when nothing is
+quantized, qrecipe.nn.Linear under every shipped recipe) bit for bit, including experts with
+no rows; the single-parameter layout and its offsets; m_splits validation."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import qrecipe
+from test_recipes import DTYPE, TOLERANCE, rel  # one tolerance table for every module
+
+NONE = qrecipe.Recipe.builtin("none")
+IN, OUT = 32, 32
+# Rows per expert, zeros included. Multiples of 32: MXFP8's columnwise blocks run down 32
+# rows and NVFP4's Hadamard needs multiples of 16.
+SPLITS = [32, 0, 64]
+
+
+def grouped(single=True, bias=True, dtype=torch.float32, n=3, name="moe.experts"):
+    return qrecipe.nn.GroupedLinear(n, IN, OUT, bias=bias, single_grouped_parameter=single,
+                                    dtype=dtype, name=name)
+
+
+def separate_layers(module, cls=torch.nn.Linear, **kwargs):
+    """One layer per expert holding a copy of that expert's weight and bias."""
+    layers = []
+    for w, b in zip(module.expert_weights(), module.expert_biases()):
+        layer = cls(IN, OUT, bias=b is not None, dtype=w.dtype, **kwargs)
+        with torch.no_grad():
+            layer.weight.copy_(w)
+            if b is not None:
+                layer.bias.copy_(b)
+        layers.append(layer)
+    return layers
+
+
+def run_grouped(module, x, dy, splits, recipe=None, enabled=True):
+    """Output, input gradient, then the per-expert weight and bias gradients."""
+    x = x.detach().clone().requires_grad_()
+    module.zero_grad(set_to_none=True)
+    with qrecipe.autocast(recipe, enabled=enabled):
+        y = module(x, splits)
+    y.backward(dy)
+    if module.single_grouped_parameter:
+        wg = list(module.weight.grad.split(OUT))
+        bg = list(module.bias.grad.split(OUT)) if module.use_bias else []
+    else:
+        wg = [getattr(module, f"weight{i}").grad for i in range(module.num_gemms)]
+        bg = [getattr(module, f"bias{i}").grad for i in range(module.num_gemms)] \
+            if module.use_bias else []
+    return [y.detach(), x.grad] + wg + bg
+
+
+def run_separate(layers, x, dy, splits, recipe=None, enabled=True):
+    x = x.detach().clone().requires_grad_()
+    for layer in layers:
+        layer.zero_grad(set_to_none=True)
+    with qrecipe.autocast(recipe, enabled=enabled):
+        y = torch.cat([layer(xi) for layer, xi in zip(layers, x.split(splits))])
+    y.backward(dy)
+    return ([y.detach(), x.grad] + [layer.weight.grad for layer in layers]
+            + [layer.bias.grad for layer in layers if layer.bias is not None])
+
+
+def assert_all_equal(got, want):
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a is not None and b is not None, f"entry {i} is None"
+        assert a.dtype == b.dtype and torch.equal(a, b), f"entry {i} differs"
+
+
+# ------------------------------------------------------------------ no quantization
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("single", [True, False])
+@pytest.mark.parametrize("mode", ["outside", "recipe-none", "disabled"])
+def test_matches_separate_torch_linears_bit_for_bit(dtype, single, mode):
+    module = grouped(single, dtype=dtype)
+    layers = separate_layers(module)
+    splits = [5, 0, 11]
+    x = torch.randn(sum(splits), IN, dtype=dtype)
+    dy = torch.randn(sum(splits), OUT, dtype=dtype)
+    recipe = {"outside": None, "recipe-none": NONE, "disabled": qrecipe.Recipe.default()}[mode]
+    enabled = mode == "recipe-none"
+    got = run_grouped(module, x, dy, splits, recipe, enabled)
+    assert_all_equal(got, run_separate(layers, x, dy, splits, enabled=False))
+    assert torch.equal(got[3], torch.zeros(OUT, IN, dtype=dtype))  # expert 1 had no rows
+
+
+def test_single_and_multi_parameter_layouts_agree():
+    torch.manual_seed(5)
+    single = grouped(single=True)
+    torch.manual_seed(5)
+    multi = grouped(single=False)
+    assert [n for n, _ in single.named_parameters()] == ["weight", "bias"]
+    assert [n for n, _ in multi.named_parameters()] == [
+        "weight0", "bias0", "weight1", "bias1", "weight2", "bias2"]
+    # The documented offsets: expert i is rows [i*out, (i+1)*out) of the one contiguous weight.
+    assert single.weight.shape == (3 * OUT, IN) and single.weight.is_contiguous()
+    for i in range(3):
+        assert torch.equal(single.weight[i * OUT:(i + 1) * OUT], getattr(multi, f"weight{i}"))
+        assert torch.equal(single.bias[i * OUT:(i + 1) * OUT], getattr(multi, f"bias{i}"))
+        assert single.expert_weights()[i].data_ptr() == \
+            single.weight.data_ptr() + i * OUT * IN * single.weight.element_size()
+    x, dy = torch.randn(sum(SPLITS), IN), torch.randn(sum(SPLITS), OUT)
+    for recipe in (None, qrecipe.Recipe.default()):
+        a = run_grouped(single, x, dy, SPLITS, recipe, enabled=recipe is not None)
+        b = run_grouped(multi, x, dy, SPLITS, recipe, enabled=recipe is not None)
+        assert_all_equal(a, b)
+
+
+def test_reset_parameters_match_torch_linears():
+    torch.manual_seed(11)
+    ref = [torch.nn.Linear(IN, OUT) for _ in range(3)]
+    torch.manual_seed(11)
+    module = grouped()
+    for layer, w, b in zip(ref, module.expert_weights(), module.expert_biases()):
+        assert torch.equal(w, layer.weight) and torch.equal(b, layer.bias)
+    with torch.no_grad():
+        module.weight.zero_()
+    torch.manual_seed(11)
+    module.reset_parameters()
+    assert torch.equal(module.expert_weights()[2], ref[2].weight)
+
+
+def test_nd_input_and_tensor_splits():
+    module = grouped(bias=False)
+    layers = separate_layers(module)
+    x = torch.randn(4, 6, IN)
+    splits = torch.tensor([10, 14, 0])
+    y = module(x, splits)
+    assert y.shape == (4, 6, OUT)
+    want = torch.cat([layer(xi) for layer, xi in zip(layers, x.reshape(-1, IN).split([10, 14, 0]))])
+    assert torch.equal(y, want.reshape(4, 6, OUT))
+
+
+def test_all_experts_empty():
+    module = grouped()
+    x = torch.randn(0, IN, requires_grad=True)
+    with qrecipe.autocast():
+        y = module(x, [0, 0, 0])
+    assert y.shape == (0, OUT)
+    y.sum().backward()
+    assert torch.equal(module.weight.grad, torch.zeros(3 * OUT, IN))
+    assert torch.equal(module.bias.grad, torch.zeros(3 * OUT))
+
+
+# ------------------------------------------------------------------ every shipped recipe
+@pytest.mark.parametrize("name", sorted(n for n in TOLERANCE if n not in ("none", "hybrid_seed")))
+@pytest.mark.parametrize("single", [True, False])
+def test_matches_separate_qrecipe_linears_bit_for_bit(name, single):
+    # The separate layers all carry the module's name, so, like the experts, they share one
+    # quantizer per role (one delayed-scaling history, one stochastic-rounding counter);
+    # each side gets a fresh Recipe object so both start from the same scaling state. Two
+    # steps: float8_delayed's second one runs on the scales the first one recorded.
+    dtype = DTYPE.get(name, torch.float32)
+    module = grouped(single, dtype=dtype)
+    layers = separate_layers(module, qrecipe.nn.Linear, name=module.name)
+    r_grouped, r_separate = qrecipe.Recipe.builtin(name), qrecipe.Recipe.builtin(name)
+    for step in range(2):
+        x = torch.randn(sum(SPLITS), IN, dtype=dtype)
+        dy = torch.randn(sum(SPLITS), OUT, dtype=dtype)
+        got = run_grouped(module, x, dy, SPLITS, r_grouped)
+        want = run_separate(layers, x, dy, SPLITS, r_separate)
+        assert_all_equal(got, want)
+        assert not torch.equal(got[0], run_grouped(module, x, dy, SPLITS, enabled=False)[0])
+    # Same amax histories and scales (the owners' names differ: grouped_linear vs linear).
+    states = lambda r: [{k: v for k, v in s.items() if k != "owner"} for s in r.scaling_states()]
+    assert states(r_grouped) == states(r_separate)
+    if name == "float8_delayed":
+        assert len(states(r_grouped)) == 3 and states(r_grouped)[0]["scale"] != 1.0
+
+
+@pytest.mark.parametrize("name", sorted(n for n in TOLERANCE if n != "none"))
+def test_every_shipped_recipe_within_tolerance(name):
+    recipe = qrecipe.Recipe.builtin(name)
+    dtype = DTYPE.get(name, torch.float32)
+    module = grouped(dtype=dtype)
+    reference = separate_layers(module)
+    for layer in reference:
+        layer.float()
+    x = torch.randn(sum(SPLITS), IN, dtype=dtype)
+    dy = torch.randn(sum(SPLITS), OUT, dtype=dtype)
+    if name == "float8_delayed":
+        run_grouped(module, x, dy, SPLITS, recipe)  # the first step runs at scale 1
+    got = run_grouped(module, x, dy, SPLITS, recipe)
+    want = run_separate(reference, x.float(), dy.float(), SPLITS, enabled=False)
+    # Expert 1 has no rows: its gradients are exact zeros on both sides (rel() would be 0/0).
+    assert torch.equal(got[3].float(), want[3]) and torch.equal(got[6].float(), want[6])
+    errors = [rel(g, w) for i, (g, w) in enumerate(zip(got, want)) if i not in (3, 6)]
+    if name == "hybrid_seed":
+        # Its rules name module_type linear only: GroupedLinear stays in high precision.
+        assert recipe.resolve("grouped_linear", "weight", module.name) == "none"
+        assert_all_equal(got, run_grouped(module, x, dy, SPLITS, enabled=False))
+    else:
+        assert max(errors) <= TOLERANCE[name], f"{name}: {errors}"
+        assert errors[0] > 0.0
+
+
+def test_roles_are_shared_by_experts_and_named_by_the_module():
+    recipe = qrecipe.Recipe.default()
+    module = grouped(name="layers.3.moe")
+    roles = module.roles(recipe)
+    assert roles.weight.role == "grouped_linear:weight@layers.3.moe"
+    assert module.resolve_roles(recipe) == {"": roles}
+    text = module.explain(recipe)
+    assert text.startswith("grouped_linear layers.3.moe under recipe default:")
+    assert "3 GEMMs share these roles" in text and "rows [i*out, (i+1)*out)" in text
+    assert "num_gemms=3" in repr(module) and "single_grouped_parameter=True" in repr(module)
+
+
+# ------------------------------------------------------------------ errors
+def test_bad_m_splits_and_inputs_give_clear_errors():
+    module = grouped(name="moe")
+    x = torch.randn(16, IN)
+    for enabled in (False, True):
+        with qrecipe.autocast(enabled=enabled):
+            with pytest.raises(ValueError, match="'moe'.*2 entries, expected num_gemms=3"):
+                module(x, [8, 8])
+            with pytest.raises(ValueError, match=r"m_splits\[1\] = -4 is negative"):
+                module(x, [10, -4, 10])
+            with pytest.raises(ValueError, match="sums to 15 but the input of shape \\(16, 32\\) "
+                                                 "has 16 rows"):
+                module(x, [5, 5, 5])
+            with pytest.raises(TypeError, match="list of ints"):
+                module(x, [8.0, 8.0, 0.0])
+            with pytest.raises(TypeError, match="list of ints"):
+                module(x, 16)
+            with pytest.raises(TypeError, match="1-D integer tensor"):
+                module(x, torch.tensor([8.0, 8.0, 0.0]))
+            with pytest.raises(ValueError, match="'moe'.*in_features=32"):
+                module(torch.randn(16, 30), [8, 8, 0])
+    with pytest.raises(ValueError, match="num_gemms must be a positive int"):
+        qrecipe.nn.GroupedLinear(0, IN, OUT)
+    with qrecipe.autocast():
+        with pytest.raises(TypeError, match="float64"):
+            grouped().double()(x.double(), [16, 0, 0])
+
+
+def test_scaling_state_round_trips_through_state_dict():
+    recipe = qrecipe.Recipe.builtin("float8_delayed")
+    module = grouped()
+    x = torch.randn(sum(SPLITS), IN)
+    with qrecipe.autocast(recipe):
+        module(x, SPLITS).sum().backward()
+    sd = module.state_dict()
+    assert sorted(sd) == ["_extra_state", "bias", "weight"]
+    owners = sorted(s["owner"] for s in sd["_extra_state"]["entries"][0]["scaling_states"])
+    assert owners == [f"grouped_linear:{t}@moe.experts float8"
+                      for t in ("grad_output", "input", "weight")]
+    fresh_recipe = qrecipe.Recipe.builtin("float8_delayed")
+    clone = grouped(single=True)
+    clone.load_state_dict(sd)
+    with qrecipe.autocast(recipe):
+        y = module(x, SPLITS)
+    with qrecipe.autocast(fresh_recipe):
+        assert torch.equal(clone(x, SPLITS), y)
+
+
+def test_no_grad_saves_nothing_and_matches():
+    import gc
+    from qrecipe import _C
+    module = grouped()
+    x = torch.randn(sum(SPLITS), IN)
+    # A first call, then gc: buffers other tests left for lazy cleanup (weak caches) are
+    # freed before counting.
+    with torch.no_grad(), qrecipe.autocast():
+        module(x, SPLITS)
+    # Counted inside the block: entering an outermost block runs the pending scaling update
+    # of recipes earlier tests used, which may free their buffers.
+    with torch.no_grad(), qrecipe.autocast():
+        gc.collect()
+        before = _C.live_allocations()
+        y_ng = module(x, SPLITS)
+        after = _C.live_allocations()
+    assert y_ng.grad_fn is None and after == before
+    with qrecipe.autocast():
+        y = module(x.clone().requires_grad_(), SPLITS)
+    assert torch.equal(y_ng, y.detach())
+
+
+@pytest.mark.parametrize("single", [True, False])
+def test_fused_wgrad_accumulation_into_main_grad(single):
+    plain = grouped(single)
+    fused = grouped(single)
+    fused.load_state_dict(plain.state_dict())
+    fused.fuse_wgrad_accumulation = True
+    weights = [fused.weight] if single else [getattr(fused, f"weight{i}") for i in range(3)]
+    for w in weights:
+        w.main_grad = torch.zeros_like(w, dtype=torch.float32)
+    for _ in range(2):  # two micro-batches accumulate
+        x, dy = torch.randn(sum(SPLITS), IN), torch.randn(sum(SPLITS), OUT)
+        for module in (plain, fused):
+            with qrecipe.autocast():
+                module(x, SPLITS).backward(dy)
+    plain_weights = [plain.weight] if single else [getattr(plain, f"weight{i}") for i in range(3)]
+    for w, p in zip(weights, plain_weights):
+        assert w.grad is None
+        assert torch.equal(w.main_grad, p.grad)
+    if single:
+        assert torch.equal(fused.bias.grad, plain.bias.grad)
+        del fused.weight.main_grad
+        with pytest.raises(RuntimeError, match="weight has no .main_grad"):
+            with qrecipe.autocast():
+                fused(x, SPLITS)
+
+
+def test_weight_cache_across_microbatches_needs_separate_parameters():
+    from qrecipe.nn import weight_cache
+    module = grouped(single=False)
+    xs = [torch.randn(sum(SPLITS), IN) for _ in range(3)]
+    with qrecipe.autocast():
+        want = [module(x, SPLITS) for x in xs]
+    weight_cache.reset_stats()
+    with qrecipe.autocast():
+        got = [module(x, SPLITS, is_first_microbatch=(i == 0)) for i, x in enumerate(xs)]
+    assert weight_cache.stats["quantized"] == 3 and weight_cache.stats["reused"] == 6
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    with pytest.raises(ValueError, match="single_grouped_parameter=False"):
+        grouped(single=True)(xs[0], SPLITS, is_first_microbatch=True)
