@@ -7,7 +7,8 @@
 #   configure  unpack .deps and configure only (build does this too when needed)
 #   build      unpack, configure unless $BUILD_DIR/CMakeCache.txt exists, build everything
 #   test       ctest -j8 (every suite, test_gpu_parity included)
-#   bench      bench_quantize --out $OUT/bench.json, bench_gemm --out $OUT/bench_gemm.json
+#   bench      bench_quantize --out $OUT/bench.json, bench_gemm --out $OUT/bench_gemm.json,
+#              bench/bench_linear.py --out $OUT/bench_linear.json (when the adapter is built)
 #
 # It needs nvcc, cmake (>= 3.24), ninja (or make) and python3 on the machine, and the Debian
 # packages of the other dependencies in .deps/ (libyaml-cpp-dev, libyaml-cpp0.7,
@@ -24,6 +25,9 @@
 #   JOBS                 build and ctest parallelism (default: nproc for the build, 8 for ctest)
 #   BENCH_ARGS           extra arguments for bench_quantize (e.g. "--runs 50")
 #   BENCH_GEMM_ARGS      extra arguments for bench_gemm (e.g. "--shapes 4096x4096x4096")
+#   BENCH_LINEAR_ARGS    extra arguments for bench_linear.py (e.g. "--recipes default,blockwise")
+#   QRECIPE_GPU_PYTHON   0: do not build the PyTorch adapter (default: built when python3 has
+#                        a CUDA torch; then the test stage also runs pytest tests/python)
 #   CMAKE_ARGS           extra arguments for the configure step
 #   QRECIPE_COMMIT       recorded in bench.json (default: git rev-parse HEAD, or "unknown")
 #
@@ -144,8 +148,21 @@ PY
   [[ -n $c ]] && echo "$c"
 }
 
+# Some GPU images carry a compiler (e.g. /opt/gcc) that has libstdc++.a but no libstdc++.so,
+# so g++ links the C++ runtime statically into every library. libqrecipe.so loaded into a
+# Python process that already holds the shared libstdc++ (torch's) then runs two copies of it
+# (iostream locale state included) and crashes. A directory holding only a libstdc++.so link
+# to the system's shared runtime, first on the linker's path, makes every link use it.
+libstdcxx_link_flags() {
+  local runtime
+  runtime=$(ls /lib/$MULTIARCH/libstdc++.so.6 /usr/lib/$MULTIARCH/libstdc++.so.6 2>/dev/null | head -n 1)
+  if [[ -z $runtime ]]; then echo "warning: no shared libstdc++.so.6 found" >&2; return 0; fi
+  mkdir -p "$DEPS/libstdcxx-link" && ln -sf "$runtime" "$DEPS/libstdcxx-link/libstdc++.so"
+  echo "-L$DEPS/libstdcxx-link"
+}
+
 configure() {
-  local nvcc cublas generator=()
+  local nvcc cublas generator=() link_flags
   nvcc=$(command -v nvcc || true)
   [[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
   if [[ -z $nvcc ]]; then echo "nvcc not found (PATH or /usr/local/cuda/bin)"; return 1; fi
@@ -153,10 +170,12 @@ configure() {
   echo "nvcc: $nvcc"
   echo "cublasLt.h: ${cublas:-not found (configure will say what to do)}"
   command -v ninja >/dev/null && generator=(-G Ninja)
+  link_flags=$(libstdcxx_link_flags)
+  echo "C++ runtime linked through: ${link_flags:-compiler default}"
   local args=(
     -S "$root" -B "$BUILD_DIR" "${generator[@]}"
     -DCMAKE_BUILD_TYPE=RelWithDebInfo
-    -DQRECIPE_CUDA=ON -DQRECIPE_PYTHON=OFF
+    -DQRECIPE_CUDA=ON -DQRECIPE_PYTHON="$(python_adapter)"
     -DCMAKE_CUDA_COMPILER="$nvcc"
     -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCHS"
     -DCMAKE_PREFIX_PATH="$DEPS/usr"
@@ -167,6 +186,8 @@ configure() {
     -DBoost_DIR="$DEPS/usr/lib/$MULTIARCH/cmake/Boost-1.74.0"
     -DBoost_INCLUDE_DIR="$DEPS/usr/include"
     -DBOOST_ROOT="$DEPS/usr"
+    -DCMAKE_SHARED_LINKER_FLAGS="$link_flags" -DCMAKE_MODULE_LINKER_FLAGS="$link_flags"
+    -DCMAKE_EXE_LINKER_FLAGS="$link_flags"
   )
   [[ -n $cublas ]] && args+=(-DQRECIPE_CUBLASLT_INCLUDE_DIR="$cublas")
   # shellcheck disable=SC2206  # CMAKE_ARGS is a list of words on purpose
@@ -177,6 +198,19 @@ configure() {
   grep -E '^(yaml-cpp_DIR|doctest_DIR|Boost_DIR|Boost_INCLUDE_DIR|QRECIPE_CUBLASLT_INCLUDE_DIR|CMAKE_CUDA_COMPILER):' \
     "$BUILD_DIR/CMakeCache.txt"
 }
+
+# The PyTorch adapter is built (and its suites and the Linear step benchmark run) when the
+# machine's python3 imports a CUDA torch; QRECIPE_GPU_PYTHON=0 turns it off.
+python_adapter() {
+  if [[ ${QRECIPE_GPU_PYTHON:-1} != 0 ]] &&
+     python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    echo ON
+  else
+    echo OFF
+  fi
+}
+
+has_adapter() { [[ -d $BUILD_DIR/python/qrecipe && -n $(ls "$BUILD_DIR"/python/qrecipe/_C*.so 2>/dev/null) ]]; }
 
 print_env() {
   echo "--- environment"
@@ -230,6 +264,15 @@ do_test() {
   local rc=$?
   # ctest keeps the full output of every test, passing ones included.
   cp "$BUILD_DIR/Testing/Temporary/LastTest.log" "$OUT/ctest_full.log" 2>/dev/null || true
+  if has_adapter; then
+    # The adapter suites with this machine's CUDA torch: the CPU suites plus the CUDA ones
+    # (tests/python/test_cuda.py: CUDA == CPU reference, current stream, no CPU fallback).
+    echo "--- pytest (PyTorch adapter, $(python3 -c 'import torch; print(torch.__version__)'))"
+    PYTHONPATH="$BUILD_DIR/python" python3 -m pytest -q -p no:cacheprovider "$root/tests/python" \
+      || rc=1
+  else
+    echo "--- pytest skipped: the adapter was not built (no CUDA torch, or QRECIPE_GPU_PYTHON=0)"
+  fi
   return $rc
 }
 
@@ -253,6 +296,13 @@ do_bench() {
   if [[ -x $BUILD_DIR/bin/bench_gemm ]]; then
     # shellcheck disable=SC2086  # BENCH_GEMM_ARGS is a list of words on purpose
     "$BUILD_DIR/bin/bench_gemm" --out "$OUT/bench_gemm.json" ${BENCH_GEMM_ARGS:-} || rc=1
+    # qrecipe.nn.Linear steps per recipe against BF16 and their floor (bench/bench_linear.py).
+    if has_adapter; then
+      # shellcheck disable=SC2086  # BENCH_LINEAR_ARGS is a list of words on purpose
+      PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_linear.py" \
+        --bench-gemm "$BUILD_DIR/bin/bench_gemm" --out "$OUT/bench_linear.json" \
+        ${BENCH_LINEAR_ARGS:-} || rc=1
+    fi
   fi
   return $rc
 }
@@ -290,6 +340,20 @@ for r in d["records"]:
     ro = r.get("read_once_ratio")
     print(f"| {r['name']} | {r['ms']:.4f} | {r['value']:.1f} | {r['ratio']:.3f} | "
           f"{'' if ro is None else f'{ro:.3f}'} |")
+PY
+  fi
+  if [[ -f $OUT/bench_linear.json && " ${summary_order[*]} " == *" bench "* ]]; then
+    echo
+    python3 - "$OUT/bench_linear.json" <<'PY' || echo "bench_linear.json could not be read"
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"bench_linear on {d['device']} (commit {d['commit']}, {d['date']})")
+print("| name | ms | TFLOP/s | ratio | ratio_to | path |")
+print("|---|---:|---:|---:|---|---|")
+for r in d["records"]:
+    f = lambda v, p: "" if v is None else f"{v:.{p}f}"
+    print(f"| {r['name']} | {f(r['ms'], 3)} | {f(r['value'], 1)} | {f(r['ratio'], 3)} | "
+          f"{r['ratio_to']} | {r.get('path', r.get('error', ''))} |")
 PY
   fi
   if [[ -f $OUT/bench_gemm.json && " ${summary_order[*]} " == *" bench "* ]]; then
