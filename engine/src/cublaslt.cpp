@@ -231,7 +231,7 @@ struct Key {
   std::int64_t b_rows, b_cols, b_ld;
   int d_type;
   std::int64_t m, n, k, ldd;
-  int bias, fast_accumulation;
+  int bias, fast_accumulation, device_scalars;
   std::uint32_t align_a, align_b, align_d, align_bias;
   auto operator<=>(const Key&) const = default;
 };
@@ -243,7 +243,7 @@ Key make_key(const MatmulArgs& x) {
              static_cast<int>(x.b.type), static_cast<int>(x.b.op), static_cast<int>(x.b.scale_mode),
              x.b.scale != nullptr, x.b.rows, x.b.cols, x.b.ld,
              static_cast<int>(x.d_type), x.m, x.n, x.k, x.ldd,
-             x.bias != nullptr, x.fast_accumulation,
+             x.bias != nullptr, x.fast_accumulation, x.device_scalars != nullptr,
              alignment(x.a.data), alignment(x.b.data), alignment(x.d),
              x.bias ? alignment(x.bias) : 256u};
 }
@@ -302,6 +302,11 @@ std::unique_ptr<Prepared> prepare(const Api& lt, const MatmulArgs& x, const std:
     set_desc(lt, p->desc.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode,
              "CUBLASLT_MATMUL_DESC_B_SCALE_MODE", what);
   }
+  if (x.device_scalars) {
+    const std::int32_t mode = CUBLASLT_POINTER_MODE_DEVICE;
+    set_desc(lt, p->desc.desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, mode, "CUBLASLT_MATMUL_DESC_POINTER_MODE",
+             what);
+  }
   const std::uint32_t epilogue = x.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   set_desc(lt, p->desc.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue, "CUBLASLT_MATMUL_DESC_EPILOGUE",
            what);
@@ -355,6 +360,7 @@ std::string describe(const MatmulArgs& x) {
      << " ld " << x.a.ld << ", B " << type_name(x.b.type) << " " << x.b.rows << "x" << x.b.cols
      << " ld " << x.b.ld << ", D " << type_name(x.d_type) << " ld " << x.ldd
      << (x.bias ? ", bias epilogue" : "") << (x.fast_accumulation ? ", fast accumulation" : "")
+     << (x.device_scalars ? ", alpha/beta in device memory" : "")
      << " on cuda:" << x.device << "]";
   return os.str();
 }
@@ -400,8 +406,9 @@ Outcome matmul(const MatmulArgs& x, std::string* why) {
   }
   void* workspace = workspace_for(x.device, x.stream);
   const cublasStatus_t s =
-      lt.matmul(handle_for(lt, x.device), p.desc.desc, &x.alpha, x.a.data, p.a.layout, x.b.data,
-                p.b.layout, &x.beta, x.d, p.d.layout, x.d, p.d.layout, &p.algo, workspace,
+      lt.matmul(handle_for(lt, x.device), p.desc.desc, x.device_scalars ? x.device_scalars : &x.alpha,
+                x.a.data, p.a.layout, x.b.data, p.b.layout,
+                x.device_scalars ? x.device_scalars + 1 : &x.beta, x.d, p.d.layout, x.d, p.d.layout, &p.algo, workspace,
                 kWorkspaceBytes, static_cast<cudaStream_t>(x.stream));
   if (s == CUBLAS_STATUS_NOT_SUPPORTED && !p.verified) {
     p.supported = false;

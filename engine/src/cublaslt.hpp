@@ -14,7 +14,7 @@
 //   4. $CUDA_HOME/lib64, $CUDA_PATH/lib64, /usr/local/cuda/lib64 and its targets/ folder.
 //
 // matmul() runs one cuBLASLt GEMM, D = alpha * op(A) op(B) + beta * C with C = D, plus an
-// optional FP32 bias epilogue. Per (thread, device) it keeps the cuBLASLt handle; per
+// optional FP32 bias epilogue; alpha and beta are host values or one device array. Per (thread, device) it keeps the cuBLASLt handle; per
 // (thread, device, stream) a 32 MiB workspace from the CUDA allocator; per thread the
 // prepared descriptors and the heuristic's algorithm, keyed by everything the heuristic sees
 // (shapes, leading dimensions, dtypes, transposes, scale modes, epilogue, accumulation mode,
@@ -60,6 +60,10 @@ struct MatmulArgs {
   cudaDataType_t d_type = CUDA_R_32F;
   std::int64_t m = 0, n = 0, k = 0, ldd = 0;
   float alpha = 1.0f, beta = 0.0f;   // host scalars
+  // When set: [alpha, beta] in device memory on args.device (CUBLASLT_POINTER_MODE_DEVICE),
+  // read when the GEMM runs; alpha and beta above are then unused. The emulated GEMMs use it
+  // to fold per-tensor factors that live on the device into alpha without a synchronization.
+  const float* device_scalars = nullptr;
   const float* bias = nullptr;       // device FP32 [m] added by the epilogue, or nullptr
   bool fast_accumulation = false;    // FP8 only: CUBLASLT_MATMUL_DESC_FAST_ACCUM
   // The GEMM in words for error messages; called only when a message is built (the first call

@@ -5,7 +5,9 @@
 //   1. the transposition convention (below), device guard, scratch buffers per stream
 //   2. Op: one operand as the GEMM reads it (pointer, dtype, K-major or not, scales)
 //   3. run_product: one cuBLASLt call in column-major terms plus the epilogue strategy
-//   4. the three paths: native (per-tensor FP8, blockwise FP8), emulated, dense
+//   4. the three paths: native (per-tensor FP8, blockwise FP8), emulated, dense; the emulated
+//      path decodes to BF16 (engine decoders, per-tensor factors in a device alpha) where that is
+//      exact, checked on the device where it depends on the data, and to FP32 otherwise
 //   5. gemm_cuda(): plan, dispatch, and the fallback from native to emulated
 //
 // Transposition convention. Our operands are "inner contiguous" (K-major): operand A gives the
@@ -75,7 +77,7 @@ class DeviceGuard {
 // Device buffers for decoded operands and FP32 products, one set per (thread, device, stream)
 // so that GEMMs that may run concurrently never share one; a buffer grows when a GEMM needs more
 // (cudaFree of the old one waits for the work that used it) and is kept until the thread exits.
-enum Slot { kSlotA = 0, kSlotB = 1, kSlotProduct = 2, kSlots = 3 };
+enum Slot { kSlotA = 0, kSlotB = 1, kSlotProduct = 2, kSlotScalars = 3, kSlots = 4 };
 
 void* scratch(int device, void* stream, Slot slot, std::size_t bytes) {
   struct Set {
@@ -86,6 +88,31 @@ void* scratch(int device, void* stream, Slot slot, std::size_t bytes) {
   if (buffer.bytes() < bytes || buffer.data() == nullptr)
     buffer = Buffer(cuda_allocator(), bytes, Device::cuda(device));
   return buffer.data();
+}
+
+// The host side of the BF16-exactness check: a pinned word per flag and an event, per
+// (thread, device). Released when the thread exits (errors ignored: the driver may be gone).
+struct HostFlags {
+  std::uint32_t* words = nullptr;  // [2]
+  cudaEvent_t ready = nullptr;
+  ~HostFlags() {
+    if (words) (void)cudaFreeHost(words);
+    if (ready) (void)cudaEventDestroy(ready);
+  }
+};
+
+HostFlags& host_flags(int device) {
+  thread_local std::map<int, HostFlags> all;
+  HostFlags& f = all[device];
+  if (!f.words) {
+    void* p = nullptr;
+    check_cuda(cudaHostAlloc(&p, 2 * sizeof(std::uint32_t), cudaHostAllocDefault), "cudaHostAlloc",
+               "the BF16 exactness flags of an emulated GEMM");
+    f.words = static_cast<std::uint32_t*>(p);
+    check_cuda(cudaEventCreateWithFlags(&f.ready, cudaEventDisableTiming), "cudaEventCreateWithFlags",
+               "the BF16 exactness flags of an emulated GEMM");
+  }
+  return f;
 }
 
 // ---------------------------------------------------------------- 2. operands
@@ -179,8 +206,12 @@ struct Context {
 // type: non-FP8 inputs and an FP32 output); otherwise the product goes to an FP32 buffer (or to
 // the FP32 output itself) and a small kernel applies the reference epilogue, so the result never
 // depends on a BF16-rounded bias or a double rounding.
+//
+// device_scalars (nullptr: the host alpha) is the 4-float array gemm_kernels::Scalars fills:
+// [alpha, beta] for a GEMM that writes the output, [alpha, 0] for one that writes the FP32
+// product buffer.
 cublaslt::Outcome run_product(const Context& c, const Op& a, const Op& b, bool fast_accumulation,
-                              std::string& why) {
+                              std::string& why, const float* device_scalars = nullptr) {
   const bool fp8 = is_fp8(a.type) || is_fp8(b.type);
   const bool out_bf16 = c.out.dtype() == DType::bf16;
   // cuBLASLt's FP32 GEMM writes FP32 only: a BF16 output goes through the FP32 buffer below.
@@ -205,6 +236,7 @@ cublaslt::Outcome run_product(const Context& c, const Op& a, const Op& b, bool f
     x.d_type = out_bf16 ? CUDA_R_16BF : CUDA_R_32F;
     x.beta = c.options.accumulate ? 1.0f : 0.0f;
     x.bias = bias_native ? bias : nullptr;
+    x.device_scalars = device_scalars;
     if (cublaslt::matmul(x, &why) == cublaslt::Outcome::done) {
       if (bias && !bias_native)  // FP32 output: add the bias last, as the reference does
         gemm_kernels::add_bias_f32(static_cast<float*>(c.out.data()), bias, c.m, c.n, c.options.stream);
@@ -217,6 +249,7 @@ cublaslt::Outcome run_product(const Context& c, const Op& a, const Op& b, bool f
   x.d_type = CUDA_R_32F;
   x.beta = 0.0f;
   x.bias = nullptr;
+  x.device_scalars = device_scalars ? device_scalars + 2 : nullptr;
   if (cublaslt::matmul(x, &why) == cublaslt::Outcome::unsupported) return cublaslt::Outcome::unsupported;
   gemm_kernels::finish(c.out.data(), out_bf16, static_cast<const float*>(x.d), c.options.alpha,
                        c.options.accumulate, bias, c.m, c.n, c.options.stream);
@@ -305,29 +338,130 @@ bool run_native(const Context& c, const GemmPlan& plan, const OperandTraits& ta,
   return false;
 }
 
-// Decoding is exact in BF16 for a dense BF16 operand and for FP8 codes times power-of-two (E8M0)
-// block scales (MXFP8); every other decode can carry more than 8 significant bits (a per-tensor
-// or FP32 block scale, NVFP4's FP32 tensor factor), so those GEMMs decode to FP32.
-bool decodes_exactly_to_bf16(const OperandTraits& t) {
-  if (t.scale_mode == QR_SCALE_NONE) return t.data_dtype == QR_DTYPE_BF16;
-  return t.scale_mode == QR_SCALE_BLOCK && t.scale_dtype == QR_DTYPE_E8M0 &&
-         (t.data_dtype == QR_DTYPE_E4M3 || t.data_dtype == QR_DTYPE_E5M2);
+// ---- the emulated path
+//
+// Each operand goes to BF16 when every decoded value is exact there (gemm_cuda_kernels.hpp
+// says which layouts the engine's decoders know and why each is exact), with what BF16 cannot
+// carry (a per-tensor scale_inv, NVFP4's S_dec) moved into alpha, which then lives in device
+// memory: the GEMM is alpha' * sum(a' b') with a' = a / factor_a, alpha' = alpha * factor_a *
+// factor_b, within FP32-accumulation tolerance of the reference (which multiplies the factors
+// into each decoded element). Exactness depends on the data only for FP8 codes with E8M0
+// (MXFP8) or FP32 (blockwise) block scales: a tiny scale times a small code can fall below
+// BF16's subnormal grid (2^-133), and a non-power-of-two FP32 scale gives products of up to 28
+// significant bits. For those operands a device check (scales first, codes only of the blocks
+// a scale does not clear) runs before the decode; the host reads its flag after enqueueing the
+// decodes (so the GPU keeps working while the host waits) and, if it is set, decodes both
+// operands to FP32 with their plugins instead (the reference decode). This is the one
+// synchronization of an emulated GEMM, and only MXFP8 and blockwise operands pay it.
+// Everything else (a dense FP32 operand, a layout the decoders do not know) takes the FP32 path.
+
+int log2_exact(std::int64_t v) {
+  if (v <= 0 || (v & (v - 1)) != 0) return -1;
+  int k = 0;
+  while ((std::int64_t{1} << k) < v) ++k;
+  return k;
 }
 
-// One operand decoded (or converted) to `type` on the device, as [rows, cols] row-major.
-Op decoded_operand(const Context& c, const GemmOperand& g, DType type, Slot slot) {
+// How one operand reaches BF16: not at all (ok false), as is (dense BF16), or through the
+// engine decoder.
+struct Bf16Plan {
+  bool ok = false;
+  bool dense = false;
+  bool needs_check = false;
+  gemm_kernels::StoredOperand stored;
+  gemm_kernels::Factor factor = gemm_kernels::Factor::none;
+  const float* factor_ptr = nullptr;
+};
+
+Bf16Plan bf16_plan_of(const GemmOperand& g, const OperandTraits& t) {
+  using gemm_kernels::BlockScale;
+  using gemm_kernels::Code;
+  Bf16Plan plan;
+  if (!g.tensor) {
+    plan.ok = plan.dense = g.high_precision.dtype() == DType::bf16;
+    return plan;
+  }
+  const qr_direction_data& dd = g.tensor->direction(g.direction);
+  const qr_direction_layout& l = dd.layout;
+  gemm_kernels::StoredOperand& s = plan.stored;
+  switch (l.data_dtype) {
+    case QR_DTYPE_E4M3: s.code = Code::e4m3; break;
+    case QR_DTYPE_E5M2: s.code = Code::e5m2; break;
+    case QR_DTYPE_E2M1: s.code = Code::e2m1; break;
+    default: return plan;
+  }
+  s.data = dd.data.data;
+  s.rows = l.data_shape[0];
+  s.cols = l.data_shape[1];
+  // The stored array must be [outer, inner] (K-major) or [inner, outer], as the Op says.
+  const bool k_major = t.inner_contiguous;
+  if (l.data_ndim != 2 || s.rows != (k_major ? g.outer() : g.inner()) ||
+      s.cols != (k_major ? g.inner() : g.outer()) || (s.data == nullptr && s.rows * s.cols != 0))
+    return plan;
+  const bool fp8 = s.code != Code::e2m1;
+  if (l.scale_mode == QR_SCALE_TENSOR) {
+    if (!fp8 || l.scale_dtype != QR_DTYPE_F32 || dd.scale_inv.data == nullptr) return plan;
+    s.scale = BlockScale::none;
+    plan.factor = gemm_kernels::Factor::value;
+    plan.factor_ptr = static_cast<const float*>(dd.scale_inv.data);
+    plan.ok = true;
+    return plan;
+  }
+  if (l.scale_mode == QR_SCALE_BLOCK && fp8 && l.scale_dtype == QR_DTYPE_E8M0) {
+    s.scale = BlockScale::e8m0;
+    plan.needs_check = true;
+  } else if (l.scale_mode == QR_SCALE_BLOCK && fp8 && l.scale_dtype == QR_DTYPE_F32) {
+    s.scale = BlockScale::f32;
+    plan.needs_check = true;
+  } else if (l.scale_mode == QR_SCALE_BLOCK_TENSOR && !fp8 && l.scale_dtype == QR_DTYPE_E4M3 &&
+             l.has_amax && dd.amax.data != nullptr) {
+    s.scale = BlockScale::e4m3;  // NVFP4: q * s exact, S_dec into alpha
+    plan.factor = gemm_kernels::Factor::nvfp4_amax;
+    plan.factor_ptr = static_cast<const float*>(dd.amax.data);
+  } else {
+    return plan;
+  }
+  const bool transposed = l.data_transposed != 0;
+  const int bp = log2_exact(transposed ? l.block_cols : l.block_rows);
+  const int bq = log2_exact(transposed ? l.block_rows : l.block_cols);
+  if (bp < 0 || bq < 0 || l.scale_ndim != 2 || (dd.scale_inv.data == nullptr && s.rows * s.cols != 0))
+    return plan;
+  s.block_rows_log2 = bp;
+  s.block_cols_log2 = bq;
+  s.scales = dd.scale_inv.data;
+  s.scale_ld = l.scale_shape[1];
+  // The layout's scale_transposed is about logical blocks; in the stored frame a transposed
+  // data array swaps the roles once more.
+  s.scale_transposed = (l.scale_transposed != 0) != transposed;
+  plan.ok = true;
+  return plan;
+}
+
+// The operand as cuBLASLt reads it after the BF16 plan: dense data as is, or `buffer`.
+Op bf16_operand(const GemmOperand& g, const OperandTraits& t, const void* data) {
   Op op;
-  op.type = type == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  op.type = CUDA_R_16BF;
+  op.data = data;
+  op.outer = g.outer();
+  op.inner = g.inner();
+  op.k_major = g.tensor ? t.inner_contiguous : g.direction == QR_DIRECTION_ROWWISE;
+  return op;
+}
+
+// One operand decoded (or converted) to FP32 on the device, as [rows, cols] row-major, by its
+// quantizer's CUDA dequantize: the reference decode.
+Op f32_operand(const Context& c, const GemmOperand& g, Slot slot) {
+  Op op;
+  op.type = CUDA_R_32F;
   op.k_major = g.direction == QR_DIRECTION_ROWWISE;
   op.outer = g.outer();
   op.inner = g.inner();
   const std::int64_t rows = g.rows(), cols = g.cols();
-  const std::size_t elem = type == DType::bf16 ? 2 : 4;
   if (g.tensor) {
-    void* buffer = scratch(c.device, c.options.stream, slot, static_cast<std::size_t>(rows * cols) * elem);
+    void* buffer = scratch(c.device, c.options.stream, slot, static_cast<std::size_t>(rows * cols) * 4);
     try {
       g.quantizer->dequantize(*g.tensor, g.direction,
-                              TensorView(buffer, type, {rows, cols}, Device::cuda(c.device)),
+                              TensorView(buffer, DType::f32, {rows, cols}, Device::cuda(c.device)),
                               c.options.stream);
     } catch (const Error& e) {
       if (e.code() != QR_STATUS_UNSUPPORTED) throw;
@@ -343,12 +477,10 @@ Op decoded_operand(const Context& c, const GemmOperand& g, DType type, Slot slot
   QR_CHECK(t.is_contiguous(), "dense GEMM operand ", g.str(), " must be contiguous");
   QR_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, "dense GEMM operand ", g.str(),
            " must be f32 or bf16");
-  if (t.dtype() == type) {
+  if (t.dtype() == DType::f32) {
     op.data = t.data();
     return op;
   }
-  QR_CHECK_CODE(t.dtype() == DType::bf16 && type == DType::f32, QR_STATUS_INTERNAL,
-                "dense operand ", g.str(), " cannot be converted to ", dtype_name(type));
   void* buffer = scratch(c.device, c.options.stream, slot, static_cast<std::size_t>(rows * cols) * 4);
   gemm_kernels::bf16_to_f32(static_cast<const std::uint16_t*>(t.data()), static_cast<float*>(buffer),
                             rows * cols, c.options.stream);
@@ -356,19 +488,90 @@ Op decoded_operand(const Context& c, const GemmOperand& g, DType type, Slot slot
   return op;
 }
 
-// Emulated and dense GEMMs: both operands in BF16 when both decode exactly to BF16, else FP32
-// (CUBLAS_COMPUTE_32F, no TF32: the reference accumulates FP32 products of the decoded values).
-DType run_decoded(const Context& c, const OperandTraits& ta, const OperandTraits& tb) {
-  const DType type =
-      decodes_exactly_to_bf16(ta) && decodes_exactly_to_bf16(tb) ? DType::bf16 : DType::f32;
-  const Op a = decoded_operand(c, c.a, type, kSlotA);
-  const Op b = decoded_operand(c, c.b, type, kSlotB);
+void check_decoded_product(const Context& c, cublaslt::Outcome outcome, DType type, const std::string& status) {
+  QR_CHECK_CODE(outcome == cublaslt::Outcome::done, QR_STATUS_DEVICE_ERROR, "cuBLASLt (",
+                cublaslt::library_description(), ") has no ", dtype_name(type), " GEMM algorithm for ",
+                c.what(), " (", status, "); this should not happen on a supported GPU");
+}
+
+// Emulated and dense GEMMs (CUBLAS_COMPUTE_32F, no TF32: the reference accumulates FP32 products
+// of the decoded values). Returns the operand type and, in `note`, why FP32 when it is.
+DType run_decoded(const Context& c, const OperandTraits& ta, const OperandTraits& tb, std::string& note) {
+  const Bf16Plan pa = bf16_plan_of(c.a, ta), pb = bf16_plan_of(c.b, tb);
+  if (pa.ok && pb.ok) {
+    void* stream = c.options.stream;
+    // [alpha, beta, alpha, 0] then the two flags.
+    auto* small = static_cast<float*>(scratch(c.device, stream, kSlotScalars, 64));
+    auto* flags = reinterpret_cast<std::uint32_t*>(small + 4);
+    const bool check = pa.needs_check || pb.needs_check;
+    HostFlags* host = nullptr;
+    if (check) {
+      host = &host_flags(c.device);
+      check_cuda(cudaMemsetAsync(flags, 0, 2 * sizeof(std::uint32_t), static_cast<cudaStream_t>(stream)),
+                 "cudaMemsetAsync", c.what());
+      if (pa.needs_check) gemm_kernels::check_bf16_exact(pa.stored, flags, stream);
+      if (pb.needs_check) gemm_kernels::check_bf16_exact(pb.stored, flags + 1, stream);
+      check_cuda(cudaMemcpyAsync(host->words, flags, 2 * sizeof(std::uint32_t), cudaMemcpyDeviceToHost,
+                                 static_cast<cudaStream_t>(stream)),
+                 "cudaMemcpyAsync (exactness flags)", c.what());
+      check_cuda(cudaEventRecord(host->ready, static_cast<cudaStream_t>(stream)), "cudaEventRecord", c.what());
+    }
+    const bool factors = pa.factor != gemm_kernels::Factor::none || pb.factor != gemm_kernels::Factor::none;
+    gemm_kernels::Scalars scalars;
+    if (factors) {
+      scalars.out = small;
+      scalars.alpha = c.options.alpha;
+      scalars.beta = c.options.accumulate ? 1.0f : 0.0f;
+      scalars.kind[0] = pa.factor;
+      scalars.kind[1] = pb.factor;
+      scalars.factor[0] = pa.factor_ptr;
+      scalars.factor[1] = pb.factor_ptr;
+    }
+    const void* data[2] = {nullptr, nullptr};
+    const Bf16Plan* plans[2] = {&pa, &pb};
+    const GemmOperand* ops[2] = {&c.a, &c.b};
+    for (int i = 0; i < 2; ++i) {
+      if (plans[i]->dense) {
+        data[i] = ops[i]->high_precision.data();
+        continue;
+      }
+      const auto& st = plans[i]->stored;
+      auto* buffer = static_cast<std::uint16_t*>(
+          scratch(c.device, stream, i == 0 ? kSlotA : kSlotB, static_cast<std::size_t>(st.rows * st.cols) * 2));
+      gemm_kernels::decode_to_bf16(st, buffer, scalars, stream);
+      scalars.out = nullptr;  // written once
+      data[i] = buffer;
+    }
+    if (scalars.out) gemm_kernels::write_scalars(scalars, stream);  // no operand was decoded
+    bool exact = true;
+    if (check) {
+      check_cuda(cudaEventSynchronize(host->ready), "cudaEventSynchronize (exactness flags)", c.what());
+      for (int i = 0; i < 2; ++i)
+        if (host->words[i] != 0) {
+          exact = false;
+          note += std::string(note.empty() ? "" : "; ") + ops[i]->str() +
+                  " has values BF16 cannot hold exactly (a tiny or non-power-of-two block scale)";
+        }
+    }
+    if (exact) {
+      const Op a = bf16_operand(c.a, ta, data[0]), b = bf16_operand(c.b, tb, data[1]);
+      std::string status;
+      check_decoded_product(c, run_product(c, a, b, false, status, factors ? small : nullptr), DType::bf16,
+                            status);
+      return DType::bf16;
+    }
+  } else {
+    for (const auto* p : {&pa, &pb})
+      if (!p->ok) {
+        const GemmOperand& g = p == &pa ? c.a : c.b;
+        note += std::string(note.empty() ? "" : "; ") + g.str() +
+                (g.tensor ? " has no BF16 decoder in the engine" : " is FP32");
+      }
+  }
+  const Op a = f32_operand(c, c.a, kSlotA), b = f32_operand(c, c.b, kSlotB);
   std::string status;
-  QR_CHECK_CODE(run_product(c, a, b, false, status) == cublaslt::Outcome::done, QR_STATUS_DEVICE_ERROR,
-                "cuBLASLt (", cublaslt::library_description(), ") has no ", dtype_name(type),
-                " GEMM algorithm for ", c.what(), " (", status, "); this should not happen on a "
-                "supported GPU");
-  return type;
+  check_decoded_product(c, run_product(c, a, b, false, status), DType::f32, status);
+  return DType::f32;
 }
 
 void check_bias(const Context& c) {
@@ -426,11 +629,12 @@ GemmPlan gemm_cuda(const GemmOperand& a, const GemmOperand& b, const TensorView&
     if (run_native(c, plan, ta, tb, why)) return plan;
     plan = {GemmPlan::Path::emulated, false, why + "; emulated instead"};
   }
-  const DType decoded = run_decoded(c, ta, tb);
+  std::string note;
+  const DType decoded = run_decoded(c, ta, tb, note);
   plan.reason += std::string(plan.reason.empty() ? "" : "; ") + "operands " +
                  (plan.path == GemmPlan::Path::dense ? "as " : "decoded to ") +
                  std::string(dtype_name(decoded)) + " on cuda:" + std::to_string(c.device) +
-                 ", FP32 accumulation";
+                 ", FP32 accumulation" + (note.empty() ? "" : " (" + note + ")");
   return plan;
 }
 

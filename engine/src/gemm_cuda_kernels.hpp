@@ -22,8 +22,75 @@ void add_bias_f32(float* out, const float* bias, std::int64_t rows, std::int64_t
 //   if accumulate: v += out[i][j]
 //   if bias:       v += bias[j]
 //   out[i][j] = v, rounded to BF16 (RNE) when out_bf16, else stored as FP32.
-// product may alias neither out nor bias. rows * cols may be 0.
+// product may be out itself only for an FP32 output without accumulate (the bias pass); it
+// never aliases bias. rows * cols may be 0. Four elements per thread when cols % 4 == 0.
 void finish(void* out, bool out_bf16, const float* product, float alpha, bool accumulate,
             const float* bias, std::int64_t rows, std::int64_t cols, void* stream);
+
+// ---------------------------------------------------------------- emulated GEMM operands
+//
+// The emulated GEMMs (DESIGN.md section 6) decode each quantized operand to BF16 in the order
+// its data is stored ([rows, cols] row-major as stored, transposed or not) and move what a BF16
+// value cannot carry exactly into the GEMM's alpha:
+//   per-tensor FP8:      the code's value (exact in BF16: E4M3 and E5M2 are subsets of it);
+//                        the FP32 scale_inv goes to alpha
+//   E2M1 x E4M3 blocks:  q * s (NVFP4): at most 2 x 4 significant bits, magnitudes in
+//                        [2^-10, 2688], always exact in BF16; S_dec = 1 / S_enc(amax) goes
+//                        to alpha
+//   FP8 x E8M0 blocks:   q * 2^(e-127) (MXFP8): exact unless the product falls below BF16's
+//                        subnormal grid (2^-133), which needs e <= 2 (E4M3) or e <= 9 (E5M2)
+//   FP8 x FP32 blocks:   q * s in FP32 (blockwise): exact when s is a power of two >= 2^-124
+//                        (E4M3) / 2^-117 (E5M2), and otherwise only by luck
+// The last two are checked on the device per block before the GEMM (check_bf16_exact); an
+// operand that fails is decoded to FP32 instead (by its plugin, the reference decode).
+
+enum class Code : std::int32_t { e4m3, e5m2, e2m1 };
+enum class BlockScale : std::int32_t { none, e8m0, e4m3, f32 };
+
+// One stored direction as the decoder reads it. The block grid and the scale index are in the
+// stored frame: element (p, q) of the stored [rows, cols] array belongs to block
+// (p >> block_rows_log2, q >> block_cols_log2), whose scale is at
+//   scale_transposed ? bq * scale_ld + bp : bp * scale_ld + bq.
+struct StoredOperand {
+  const void* data = nullptr;      // codes; E2M1 packed two per byte, ceil(cols / 2) bytes a row
+  Code code = Code::e4m3;
+  std::int64_t rows = 0, cols = 0;
+  BlockScale scale = BlockScale::none;
+  const void* scales = nullptr;
+  std::int64_t scale_ld = 0;
+  int block_rows_log2 = 0, block_cols_log2 = 0;
+  bool scale_transposed = false;
+};
+
+// What multiplies alpha for one operand, read on the device when the GEMM is enqueued.
+enum class Factor : std::int32_t {
+  none,        // 1
+  value,       // *ptr (a per-tensor FP32 scale_inv)
+  nvfp4_amax,  // S_dec = 1 / S_enc(*ptr), S_enc = scale_from_amax(amax, 2688, no pow2, eps 0)
+};
+
+// The GEMM's scalars in device memory: out[0] = out[2] = alpha * (factor_a * factor_b),
+// out[1] = beta, out[3] = 0 ([alpha, beta] for a GEMM into the output, [alpha, 0] for one into
+// an FP32 product buffer). Computed by one thread of the first decode launch (or by its own).
+struct Scalars {
+  float* out = nullptr;
+  float alpha = 1.0f, beta = 0.0f;
+  Factor kind[2] = {Factor::none, Factor::none};
+  const float* factor[2] = {nullptr, nullptr};
+};
+
+// dst [rows, cols] BF16 = the decoded values of `op` (see above: block scales applied, the
+// per-tensor factor not). 16 elements per thread, 16-byte stores when cols % 16 == 0. When
+// scalars.out is set, the scalars are written too. Values a check marked inexact are truncated
+// (the caller decodes to FP32 instead).
+void decode_to_bf16(const StoredOperand& op, std::uint16_t* dst, const Scalars& scalars, void* stream);
+
+// Only the scalars (when no operand is decoded).
+void write_scalars(const Scalars& scalars, void* stream);
+
+// Sets *flag to a non-zero value (never clears it) when some element of `op` (E8M0 or FP32
+// block scales) decodes to a value BF16 cannot hold exactly. Reads the scales, and the codes
+// only of blocks whose scale does not prove the block exact; padding blocks are not read.
+void check_bf16_exact(const StoredOperand& op, std::uint32_t* flag, void* stream);
 
 }  // namespace qrecipe::detail::gemm_kernels

@@ -40,6 +40,12 @@
 // with the "device" copies on the CPU: it checks the harness (operands of every format in
 // every direction, uploads, bounds), not the CUDA path, and skips the plan checks.
 //
+// Every emulated case of the sweep (random normal data, power-of-two blockwise scales) must run
+// with BF16 operands ("decoded to bf16" in the plan): each of its formats decodes exactly to
+// BF16 there. A separate case feeds operands that BF16 cannot hold (MXFP8 blocks with the
+// smallest E8M0 scale and subnormal codes; blockwise scales that are not powers of two) and
+// requires the FP32 path, within the same bound.
+//
 // How to add a pair: append to kPairs (YAML quantizer specs; nullptr for dense BF16) with the
 // path the pairing table promises at shapes divisible by 16.
 #include <doctest/doctest.h>
@@ -108,6 +114,11 @@ const Pair kPairs[] = {
     {"mxfp8 x mxfp8", kMxfp8, kMxfp8, Path::emulated},
     {"nvfp4 x nvfp4", kNvfp4, kNvfp4, Path::emulated},
     {"mixed float8 e4m3 x mxfp8", kE4M3, kMxfp8, Path::emulated},
+    {"mixed mxfp8 x float8 e4m3", kMxfp8, kE4M3, Path::emulated},
+    {"mixed nvfp4 x float8 e4m3", kNvfp4, kE4M3, Path::emulated},
+    {"mixed float8 e5m2 x nvfp4", kE5M2, kNvfp4, Path::emulated},
+    {"mixed blockwise 1x128 x mxfp8", kBlock1x128, kMxfp8, Path::emulated},
+    {"mixed bf16 dense x nvfp4", nullptr, kNvfp4, Path::emulated},
     {"bf16 dense", nullptr, nullptr, Path::dense},
 };
 
@@ -287,13 +298,16 @@ struct Operand {
 
 // A logical [outer, inner] operand read in `direction`: stored [outer, inner] when rowwise,
 // [inner, outer] when columnwise.
+// The source values are standard normal times `magnitude` (FP32, then quantized).
 Operand make_operand(const char* spec, qr_direction direction, std::int64_t outer, std::int64_t inner,
-                     std::uint64_t seed) {
+                     std::uint64_t seed, float magnitude = 1.0f) {
   Operand op;
   op.direction = direction;
   const bool rowwise = direction == QR_DIRECTION_ROWWISE;
   const std::int64_t rows = rowwise ? outer : inner, cols = rowwise ? inner : outer;
-  const std::vector<float> src = random_normal(static_cast<std::size_t>(rows * cols), seed);
+  std::vector<float> src = random_normal(static_cast<std::size_t>(rows * cols), seed);
+  if (magnitude != 1.0f)
+    for (auto& x : src) x = x * magnitude;
   std::vector<float> decoded(src.size());  // logical [rows, cols] after decoding
   if (spec) {
     op.quantizer = quantizer_for(spec);
@@ -457,6 +471,10 @@ TEST_CASE("GPU GEMMs equal the CPU reference on the same quantized operands") {
             continue;
           }
           if (!selftest()) CHECK_MESSAGE(plan.path == promised, "plan: ", plan.str());
+          if (!selftest() && plan.path == Path::emulated)
+            CHECK_MESSAGE(plan.reason.find("decoded to bf16") != std::string::npos,
+                          "an emulated GEMM of exactly representable operands must run in BF16: ",
+                          plan.str());
           if (paths.find(plan.str()) == std::string::npos && paths.size() < 2000)
             paths += "\n    " + std::string(gemm_kind_name(kind.kind)) + ": " + plan.str();
 
@@ -478,6 +496,68 @@ TEST_CASE("GPU GEMMs equal the CPU reference on the same quantized operands") {
     if (unsupported)
       MESSAGE("not supported: " << std::string(pair.label) << ": " << unsupported << " cases need a CUDA dequantize: "
                                 << unsupported_why);
+  }
+}
+
+TEST_CASE("GPU emulated GEMMs fall back to FP32 operands when BF16 cannot hold the decoded values") {
+  if (skip_without_cuda()) return;
+  struct Case {
+    const char* label;
+    const char* a_spec;
+    float a_magnitude;  // A's source scale
+    const char* b_spec;
+    float b_magnitude;
+  };
+  // MXFP8 of normals times 2^-136: every block gets E8M0 0x00 (2^-127) and subnormal codes, so
+  // the decoded values are multiples of 2^-136, below BF16's grid. B is large (2^110) so that
+  // the products are normal FP32 numbers and any rounding of A shows far above the bound.
+  // Blockwise without power-of-two scales: q * s carries up to 28 significant bits.
+  const float tiny = std::ldexp(1.0f, -136), huge = std::ldexp(1.0f, 110);
+  constexpr const char* kBlockNoPow2 = "{format: blockwise, block: 128x128, pow2_scales: false}";
+  const Case cases[] = {
+      {"mxfp8 (tiny) x mxfp8 (huge)", kMxfp8, tiny, kMxfp8, huge},
+      {"mxfp8 (huge) x float8 e4m3", kMxfp8, huge, kE4M3, 1.0f},
+      {"float8 e4m3 (huge) x mxfp8 (tiny)", kE4M3, huge, kMxfp8, tiny},
+      {"blockwise 128x128 without pow2 scales x itself", kBlockNoPow2, 1.0f, kBlockNoPow2, 1.0f},
+      {"nvfp4 x blockwise 128x128 without pow2 scales", kNvfp4, 1.0f, kBlockNoPow2, 1.0f},
+  };
+  const Shape shapes[] = {{128, 256, 512}, {100, 72, 200}};
+  const bool expect_f32[] = {true, false, true, true, true};
+  int index = 0;
+  for (const Case& cs : cases) {
+    const bool want_f32 = expect_f32[index++];
+    for (const Shape& shape : shapes) {
+      for (const Kind& kind : kKinds) {
+        CAPTURE(std::string(cs.label));
+        CAPTURE(std::string(gemm_kind_name(kind.kind)));
+        CAPTURE(shape.m);
+        const std::uint64_t seed = static_cast<std::uint64_t>(shape.m * 31 + shape.k) ^
+                                   (static_cast<std::uint64_t>(kind.kind) << 40);
+        const Operand a = make_operand(cs.a_spec, kind.a, shape.m, shape.k, seed, cs.a_magnitude);
+        const Operand b = make_operand(cs.b_spec, kind.b, shape.n, shape.k, seed + 1, cs.b_magnitude);
+        Tensor cpu_out(DType::f32, {shape.m, shape.n});
+        std::memset(cpu_out.view().data(), 0, static_cast<std::size_t>(cpu_out.view().nbytes()));
+        Tensor gpu_out = to_device(cpu_out);
+        GemmOptions o;
+        o.kind = kind.kind;
+        qrecipe::gemm(a.cpu(), b.cpu(), cpu_out.view(), o);
+        const GemmPlan plan = qrecipe::gemm(a.gpu(), b.gpu(), gpu_out.view(), o);
+        qrecipe::synchronize(Device::cuda(0));
+        REQUIRE(plan.path == Path::emulated);
+        CHECK_MESSAGE(plan.reason.find(want_f32 ? "decoded to f32" : "decoded to bf16") != std::string::npos,
+                      "plan: ", plan.str());
+        const auto cpu = output_values(cpu_out.view());
+        double ref2 = 0;
+        for (const float v : cpu) ref2 += static_cast<double>(v) * v;
+        CHECK_MESSAGE(ref2 > 0, "the reference product must not vanish (the case would prove nothing)");
+        const Variant plain{"f32", DType::f32, 1.0f, false, false};
+        const std::vector<float> none(static_cast<std::size_t>(shape.m * shape.n), 0.0f);
+        const Comparison c = compare(cpu, output_values(gpu_out.view()), none, none, a, b, shape.m, shape.n,
+                                     bound_for(plan, shape.k), plain);
+        CHECK_MESSAGE(c.failures == 0, c.failures << " elements outside the bound; first " << c.first);
+        CHECK_MESSAGE(c.frobenius <= std::ldexp(1.0, -12), "relative Frobenius error " << c.frobenius);
+      }
+    }
   }
 }
 
