@@ -97,6 +97,7 @@ qr_scaling_state Engine::acquire_scaling_state(const qr_scaling_request& request
   s->c.history_len = request.history_len;
   s->c.device = request.device;
   states_.push_back(std::move(s));
+  ++states_version_;
   return states_.back()->c;
 }
 
@@ -147,6 +148,7 @@ qr_scaling_state Engine::move_scaling_state(const float* amax_history, const qr_
   s->c.scale_inv = static_cast<float*>(s->scale_inv.data());
   s->c.device = device;
   s->request.device = device;
+  ++states_version_;
   return s->c;
 }
 
@@ -203,49 +205,58 @@ void Engine::set_scaling_values(std::size_t index, const ScalingValues& values) 
   }
 }
 
-void Engine::update_scaling() { update_scaling(current_amaxes()); }
+void Engine::update_scaling() { update_scaling_on_streams({}); }
+
+void Engine::update_scaling_on_streams(const StreamFor& stream_for) {
+  std::vector<std::size_t> all(states_.size());
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+  update_states(all, {}, stream_for);
+}
 
 void Engine::update_scaling(const std::vector<float>& reduced_amaxes) {
   QR_CHECK(reduced_amaxes.size() == states_.size(), "update_scaling got ", reduced_amaxes.size(),
            " amaxes for ", states_.size(), " scaling states; pass current_amaxes() after reducing it");
   std::vector<std::size_t> all(states_.size());
   for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
-  update_states(all, reduced_amaxes);
+  update_states(all, reduced_amaxes, {});
 }
 
 void Engine::update_scaling_of(const std::vector<std::size_t>& indices) {
-  const std::vector<float> amaxes = current_amaxes();
-  std::vector<float> selected;
-  for (std::size_t i : indices) {
+  for (std::size_t i : indices)
     QR_CHECK(i < states_.size(), "scaling state ", i, " does not exist; this engine has ",
              states_.size());
-    selected.push_back(amaxes[i]);
-  }
-  update_states(indices, selected);
+  update_states(indices, {}, {});
 }
 
 void Engine::update_states(const std::vector<std::size_t>& indices,
-                           const std::vector<float>& reduced_amaxes) {
+                           const std::vector<float>& reduced_amaxes, const StreamFor& stream_for) {
   // CPU states update in place; CUDA states are grouped by device and each group is updated
   // by one kernel launch (the same delayed_scaling_update, on the device).
+  const bool own_row0 = reduced_amaxes.empty();
   std::map<int, std::vector<detail::DeviceScalingUpdate>> on_device;
   for (std::size_t k = 0; k < indices.size(); ++k) {
     auto& s = *states_[indices[k]];
     if (s.c.device.type == QR_DEVICE_CPU) {
-      delayed_scaling_update(s.c.amax_history, s.c.history_len, s.c.scale, s.c.scale_inv,
-                             reduced_amaxes[k], s.request.algo_most_recent != 0,
-                             s.request.margin, s.request.fp8_max);
+      const float amax = own_row0 ? s.c.amax_history[0] : reduced_amaxes[k];
+      delayed_scaling_update(s.c.amax_history, s.c.history_len, s.c.scale, s.c.scale_inv, amax,
+                             s.request.algo_most_recent != 0, s.request.margin,
+                             s.request.fp8_max);
       continue;
     }
     on_device[s.c.device.index].push_back(
         {s.c.amax_history, s.c.scale, s.c.scale_inv, s.c.history_len,
-         s.request.algo_most_recent, s.request.margin, s.request.fp8_max, reduced_amaxes[k]});
+         s.request.algo_most_recent, s.request.margin, s.request.fp8_max,
+         own_row0 ? 0.0f : reduced_amaxes[k], own_row0 ? 1 : 0});
   }
+  // The device copy of a table is reused while the states stay put and the whole set updates
+  // with its own row 0 (every training step); anything else uploads a fresh table.
+  const bool reusable = own_row0 && indices.size() == states_.size();
   for (const auto& [device, updates] : on_device) {
 #if defined(QRECIPE_WITH_CUDA)
-    // Legacy default stream, synchronized: quantizes on other streams must be synchronized by
-    // the caller first (as for current_amaxes()).
-    detail::update_scaling_cuda(updates, device);
+    auto& table = device_tables_[device];
+    if (!table) table = std::make_shared<detail::DeviceScalingTable>(device);
+    void* stream = stream_for ? stream_for(device) : nullptr;
+    table->run(updates, reusable ? states_version_ : 0, stream);
 #else
     QR_THROW_CODE(QR_STATUS_UNSUPPORTED, updates.size(), " delayed-scaling state(s) on cuda:",
                   device, " but this build of libqrecipe has no CUDA");

@@ -3,6 +3,8 @@
 // the same function the CPU path runs). Built only with CUDA.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace qrecipe::detail {
@@ -15,11 +17,35 @@ struct DeviceScalingUpdate {
   int most_recent;
   int margin;
   float fmax;
-  float reduced_amax;  // the caller-reduced amax of this step (or history[0])
+  float reduced_amax;     // the caller-reduced amax of this step (unless amax_from_history)
+  int amax_from_history;  // 1: the step's amax is history[0], read on the device
 };
 
-// Updates every state in `updates` (all on CUDA device `device`) with one launch on the legacy
-// default stream, then synchronizes it. Throws qrecipe::Error naming the failing CUDA call.
-void update_scaling_cuda(const std::vector<DeviceScalingUpdate>& updates, int device);
+// A device-resident copy of one device's update table. It is uploaded only when the table
+// changes (states added or moved, or caller-reduced amaxes), so the usual step — every state
+// with its own row 0 — is one kernel launch on the caller's stream: no allocation, no copy,
+// no host synchronization. Owns its device buffer (freed in the destructor).
+class DeviceScalingTable {
+ public:
+  explicit DeviceScalingTable(int device) : device_(device) {}
+  ~DeviceScalingTable();
+  DeviceScalingTable(const DeviceScalingTable&) = delete;
+  DeviceScalingTable& operator=(const DeviceScalingTable&) = delete;
+
+  // Runs the update of `updates` on `stream` (cudaStream_t; nullptr: legacy default stream).
+  // `version` identifies the table's contents: equal to the last call's, the device copy is
+  // reused as is (the caller guarantees `updates` is then the same table); 0 always uploads. Throws
+  // qrecipe::Error naming the failing CUDA call.
+  void run(const std::vector<DeviceScalingUpdate>& updates, std::uint64_t version, void* stream);
+
+ private:
+  int device_;
+  DeviceScalingUpdate* table_ = nullptr;
+  std::size_t capacity_ = 0;
+  std::size_t count_ = 0;
+  std::uint64_t version_ = 0;
+  bool uploaded_ = false;
+  void* last_stream_ = nullptr;
+};
 
 }  // namespace qrecipe::detail

@@ -88,10 +88,14 @@ py::object quantizer_or_none(const std::shared_ptr<Engine>& engine,
 // through c10's device-generic interface so this file needs no CUDA headers and builds
 // against CPU-only torch too. Every engine call on CUDA tensors is ordered on this stream,
 // like torch's own kernels.
-void* current_stream(const at::Tensor& t) {
-  if (!t.is_cuda()) return nullptr;
-  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device())
+void* cuda_current_stream(int device) {
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
+      ->getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)))
       .native_handle();
+}
+
+void* current_stream(const at::Tensor& t) {
+  return t.is_cuda() ? cuda_current_stream(t.device().index()) : nullptr;
 }
 
 PyQuantized quantize(const PyQuantizer& q, const at::Tensor& src, std::uint32_t usage,
@@ -409,7 +413,10 @@ void bind(py::module_& m) {
         return d;
       }, py::arg("module_type"), py::arg("name"), py::arg("in_features"),
          py::arg("out_features"), py::arg("tokens"), py::arg("target") = "cpu")
-      .def("update_scaling", [](Engine& e) { e.update_scaling(); })
+      .def("update_scaling", [](Engine& e) {
+        // CUDA states update on torch's current stream of their device, without a sync.
+        e.update_scaling_on_streams(cuda_current_stream);
+      })
       .def("update_scaling_with", [](Engine& e, const std::vector<float>& amaxes) {
         e.update_scaling(amaxes);
       }, py::arg("reduced_amaxes"))

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,6 +22,10 @@
 #include "qrecipe/tensor.hpp"
 
 namespace qrecipe {
+
+namespace detail {
+class DeviceScalingTable;  // engine/src/scaling_cuda.hpp (CUDA builds)
+}
 
 // One delayed-scaling state (amax history + scale) owned by the engine. Its buffers live on
 // the device the plugin asked for (request.device): host memory from the engine's allocator,
@@ -73,8 +79,14 @@ class Engine {
   // Delayed scaling: the step's amax of every state (history row 0), in creation order, for the
   // caller to max-reduce across ranks; then update_scaling(reduced) applies the update of
   // DESIGN.md section 7 to every state. update_scaling() with no argument uses row 0 as is.
+  // CUDA states are updated on their device, one kernel launch per device, asynchronously on
+  // the stream `stream_for(device)` returns (cudaStream_t; an empty function or nullptr: the
+  // legacy default stream): without reduced amaxes the step's amax is read on the device, so
+  // a training step's update costs one launch and no host synchronization.
+  using StreamFor = std::function<void*(int device)>;
   std::vector<float> current_amaxes() const;
   void update_scaling();
+  void update_scaling_on_streams(const StreamFor& stream_for);
   void update_scaling(const std::vector<float>& reduced_amaxes);
   // The same update for the states `indices` only, each with its own row 0 (no reduction): a
   // checkpoint saved between a step and its update is resumed by updating the loaded states.
@@ -105,8 +117,9 @@ class Engine {
   static Engine* from_host_context(qr_host_context* ctx) { return reinterpret_cast<Engine*>(ctx); }
 
  private:
+  // reduced_amaxes empty: each state's own row 0 (read on its device for CUDA states).
   void update_states(const std::vector<std::size_t>& indices,
-                     const std::vector<float>& reduced_amaxes);
+                     const std::vector<float>& reduced_amaxes, const StreamFor& stream_for);
 
   Recipe recipe_;
   std::shared_ptr<Registry> registry_;
@@ -114,6 +127,10 @@ class Engine {
   std::mutex mutex_;
   std::unordered_map<QuantizerRole, std::shared_ptr<Quantizer>> cache_;
   std::vector<std::unique_ptr<ScalingState>> states_;
+  // Bumped whenever a state is added or moves to another device: the device update tables
+  // built from the states' pointers are re-uploaded only then.
+  std::uint64_t states_version_ = 1;
+  std::map<int, std::shared_ptr<detail::DeviceScalingTable>> device_tables_;
 };
 
 }  // namespace qrecipe
