@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """Turn benchmark JSON files (bench_quantize / bench_gemm output) into one markdown table.
 
-usage: tools/bench_table.py RESULT.json [RESULT.json ...] > RESULT.md
+usage: tools/bench_table.py [--merge MERGED.json] RESULT.json [RESULT.json ...] > RESULT.md
 Every figure is the one the benchmark measured; ratios were taken in the same run.
+
+--merge writes the records of every input into one file of the results format
+(bench/results/<date>-<gpu>.json: device, date, commit, records), each record tagged with the
+benchmark file it came from, so runs of different days and devices compare by one script.
 """
 import json
 import sys
@@ -37,5 +41,23 @@ def main(paths):
     print("\n".join(out))
 
 
+def merge(out_path, paths):
+    files = [json.load(open(p)) for p in paths]
+    devices = sorted({d["device"] for d in files})
+    if len(devices) != 1:
+        raise SystemExit(f"bench_table: inputs come from different devices {devices}")
+    merged = {"device": devices[0], "date": files[0]["date"], "commit": files[0]["commit"],
+              "sources": [p.split("/")[-1] for p in paths], "records": []}
+    for path, d in zip(paths, files):
+        for r in d["records"]:
+            merged["records"].append({**r, "source": path.split("/")[-1]})
+    with open(out_path, "w") as f:
+        json.dump(merged, f, indent=1)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    args = sys.argv[1:]
+    if len(args) >= 2 and args[0] == "--merge":
+        merge(args[1], args[2:])
+        args = args[2:]
+    main(args)

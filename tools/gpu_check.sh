@@ -304,6 +304,10 @@ do_bench() {
         ${BENCH_LINEAR_ARGS:-} || rc=1
     fi
   fi
+  # One file of the results format (bench/results/<date>-<gpu>.json) and its markdown table.
+  local parts=()
+  for f in bench.json bench_gemm.json bench_linear.json; do [[ -f $OUT/$f ]] && parts+=("$OUT/$f"); done
+  python3 "$root/tools/bench_table.py" --merge "$OUT/results.json" "${parts[@]}" >"$OUT/results.md" || rc=1
   return $rc
 }
 
