@@ -32,8 +32,12 @@ def main(paths):
                 extra.append(f"read_once_ratio {r['read_once_ratio']:.3f}")
             if r.get("speedup_vs_bf16") is not None:
                 extra.append(f"vs bf16 {r['speedup_vs_bf16']:.2f}x")
+            if r.get("floor_ms") is not None:
+                extra.append(f"floor {r['floor_ms']:.3f} ms")
             if r.get("path"):
                 extra.append(r["path"])
+            if r.get("error"):
+                extra.append(f"FAILED: {r['error']}")
             out.append(f"| {r['name']} | {r.get('kind','')} | {fmt(r.get('ms'), 4)} | "
                        f"{fmt(r.get('value'), 1)} | {r.get('unit','')} | {fmt(r.get('ratio'))} | "
                        f"{r.get('ratio_to','')} | {'; '.join(extra)} |")

@@ -332,47 +332,10 @@ print_summary() {
         | sed -E 's/^.*(MESSAGE|ERROR): /  \1: /' | grep -v 'supports cpu only' | head -n 40
     fi
   fi
-  if [[ -f $OUT/bench.json && " ${summary_order[*]} " == *" bench "* ]]; then
+  if [[ -f $OUT/results.md && " ${summary_order[*]} " == *" bench "* ]]; then
+    # Every benchmark record of this run (quantize, GEMM, Linear step), last.
     echo
-    python3 - "$OUT/bench.json" <<'PY' || echo "bench.json could not be read"
-import json, sys
-d = json.load(open(sys.argv[1]))
-print(f"bench on {d['device']} (commit {d['commit']}, {d['date']})")
-print("| name | ms | GB/s | ratio | read_once_ratio |")
-print("|---|---:|---:|---:|---:|")
-for r in d["records"]:
-    ro = r.get("read_once_ratio")
-    print(f"| {r['name']} | {r['ms']:.4f} | {r['value']:.1f} | {r['ratio']:.3f} | "
-          f"{'' if ro is None else f'{ro:.3f}'} |")
-PY
-  fi
-  if [[ -f $OUT/bench_linear.json && " ${summary_order[*]} " == *" bench "* ]]; then
-    echo
-    python3 - "$OUT/bench_linear.json" <<'PY' || echo "bench_linear.json could not be read"
-import json, sys
-d = json.load(open(sys.argv[1]))
-print(f"bench_linear on {d['device']} (commit {d['commit']}, {d['date']})")
-print("| name | ms | TFLOP/s | ratio | ratio_to | path |")
-print("|---|---:|---:|---:|---|---|")
-for r in d["records"]:
-    f = lambda v, p: "" if v is None else f"{v:.{p}f}"
-    print(f"| {r['name']} | {f(r['ms'], 3)} | {f(r['value'], 1)} | {f(r['ratio'], 3)} | "
-          f"{r['ratio_to']} | {r.get('path', r.get('error', ''))} |")
-PY
-  fi
-  if [[ -f $OUT/bench_gemm.json && " ${summary_order[*]} " == *" bench "* ]]; then
-    echo
-    python3 - "$OUT/bench_gemm.json" <<'PY' || echo "bench_gemm.json could not be read"
-import json, sys
-d = json.load(open(sys.argv[1]))
-print(f"bench_gemm on {d['device']} (commit {d['commit']}, {d['date']})")
-print("| name | path | ms | TFLOP/s | ratio to cuBLASLt | vs bf16 |")
-print("|---|---|---:|---:|---:|---:|")
-for r in d["records"]:
-    f = lambda v, p: "" if v is None else f"{v:.{p}f}"
-    print(f"| {r['name']} | {r['path']} | {r['ms']:.4f} | {f(r['value'], 1)} | {f(r['ratio'], 3)} | "
-          f"{f(r['speedup_vs_bf16'], 2)} |")
-PY
+    cat "$OUT/results.md"
   fi
 }
 
