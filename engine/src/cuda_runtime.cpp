@@ -3,10 +3,12 @@
 // every function that needs CUDA throws QR_STATUS_UNSUPPORTED.
 //
 // Map of this file
-//   1. with CUDA: error check helper, DeviceGuard, CudaAllocator, copies, queries
+//   1. with CUDA: error check helper, DeviceGuard, CudaAllocator, copies, queries,
+//      stream-ordered scratch (allocate_async / free_async)
 //   2. without CUDA: the same functions, reporting that the build has no CUDA
 #include "qrecipe/cuda.hpp"
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -182,6 +184,47 @@ void synchronize(Device device, void* stream) {
              "to find it");
 }
 
+void* allocate_async(std::size_t bytes, Device device, void* stream) {
+  QR_CHECK(device.is_cuda(), "allocate_async needs a CUDA device, got ", device.str());
+  DeviceGuard guard(device.index);  // the legacy default stream belongs to the current device
+  const auto s = static_cast<cudaStream_t>(stream);
+  const std::size_t size = bytes < kMinAllocation ? kMinAllocation : bytes;
+  const std::string what = std::to_string(bytes) + " bytes on " + device.str();
+  void* ptr = nullptr;
+  check_cuda(cudaMallocAsync(&ptr, size, s), "cudaMallocAsync(" + what + ")",
+             "free device memory (other processes: nvidia-smi) or use smaller tensors");
+  QR_CHECK_CODE(ptr != nullptr, QR_STATUS_OUT_OF_MEMORY, "cudaMallocAsync(", what,
+                ") returned success but a null pointer");
+  const cudaError_t zeroed = cudaMemsetAsync(ptr, 0, size, s);
+  if (zeroed != cudaSuccess || reinterpret_cast<std::uintptr_t>(ptr) % kMinAllocation != 0) {
+    (void)cudaFreeAsync(ptr, s);
+    check_cuda(zeroed, "cudaMemsetAsync(" + what + ")", kCheckDevice);
+    QR_THROW_CODE(QR_STATUS_DEVICE_ERROR, "cudaMallocAsync(", what, ") returned ", ptr,
+                  ", not 256-byte aligned; report this with the driver version (nvidia-smi)");
+  }
+  return ptr;
+}
+
+void free_async(void* ptr, std::size_t bytes, Device device, void* stream) noexcept {
+  if (ptr == nullptr) return;
+  // The legacy default stream (nullptr) is the current device's: make `device` current, as
+  // allocate_async did, without DeviceGuard (it may throw).
+  int previous = device.index;
+  if (cudaGetDevice(&previous) != cudaSuccess) (void)cudaGetLastError();
+  bool switched = false;
+  if (previous != device.index) {
+    switched = cudaSetDevice(device.index) == cudaSuccess;
+    if (!switched) (void)cudaGetLastError();
+  }
+  const cudaError_t status = cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream));
+  if (switched) (void)cudaSetDevice(previous);
+  if (status != cudaSuccess && status != cudaErrorCudartUnloading) {
+    (void)cudaGetLastError();
+    std::fprintf(stderr, "qrecipe: cudaFreeAsync(%zu bytes) on %s failed: %s\n", bytes,
+                 device.str().c_str(), error_text(status).c_str());
+  }
+}
+
 #else  // !QRECIPE_WITH_CUDA
 
 // ---------------------------------------------------------------- 2. without CUDA
@@ -202,6 +245,8 @@ std::shared_ptr<Allocator> cuda_allocator() { throw_no_cuda("cuda_allocator"); }
 void copy_to_host(void*, const void*, std::size_t, void*) { throw_no_cuda("copy_to_host"); }
 void copy_to_device(void*, const void*, std::size_t, void*) { throw_no_cuda("copy_to_device"); }
 void synchronize(Device, void*) { throw_no_cuda("synchronize"); }
+void* allocate_async(std::size_t, Device, void*) { throw_no_cuda("allocate_async"); }
+void free_async(void*, std::size_t, Device, void*) noexcept {}  // nothing can have been allocated
 
 #endif
 

@@ -8,6 +8,7 @@
 #include <new>
 #include <string>
 
+#include "qrecipe/cuda.hpp"
 #include "qrecipe/engine.hpp"
 #include "qrecipe/registry.hpp"
 #include "qrecipe/spec.hpp"
@@ -177,6 +178,42 @@ qr_status host_quantizer_describe(qr_host_quantizer* q, char* buffer,
   });
 }
 
+// Scratch memory for a plugin's intermediates (plugin_abi.h): CPU from the engine's allocator,
+// CUDA stream-ordered on the caller's stream (cuda.hpp allocate_async / free_async).
+qr_status host_scratch_alloc(qr_host_context* ctx, qr_device device, std::size_t bytes,
+                             void* stream, void** out) noexcept {
+  return host_guard([&] {
+    QR_CHECK(ctx && out, "scratch_alloc called with null arguments");
+    *out = nullptr;
+    const Device d = Device::from_c(device);
+    if (d.is_cuda()) {
+      *out = allocate_async(bytes, d, stream);
+      return;
+    }
+    QR_CHECK_CODE(d.is_cpu(), QR_STATUS_UNSUPPORTED, "scratch_alloc on unknown device type ",
+                  device.type, "; expected cpu or cuda");
+    Allocator& allocator = *Engine::from_host_context(ctx)->allocator();
+    void* p = allocator.allocate(bytes, d);
+    try {
+      allocator.zero(p, bytes, d);
+    } catch (...) {
+      allocator.deallocate(p, bytes, d);
+      throw;
+    }
+    *out = p;
+  });
+}
+
+void host_scratch_free(qr_host_context* ctx, void* ptr, std::size_t bytes, qr_device device,
+                       void* stream) noexcept {
+  if (ptr == nullptr) return;
+  const Device d = Device::from_c(device);
+  if (d.is_cuda())
+    free_async(ptr, bytes, d, stream);
+  else if (ctx != nullptr)
+    Engine::from_host_context(ctx)->allocator()->deallocate(ptr, bytes, d);
+}
+
 const qr_host_api kHostApi = {
     sizeof(qr_host_api),
     QR_PLUGIN_ABI_VERSION,
@@ -195,6 +232,8 @@ const qr_host_api kHostApi = {
     &host_error_free,
     &host_quantizer_describe,
     &host_scaling_state_move,
+    &host_scratch_alloc,
+    &host_scratch_free,
 };
 
 }  // namespace

@@ -10,7 +10,8 @@
 //   1. options: schema and resolution (both sides are required)
 //   2. SubQuantizer: RAII owner of one direction's quantizer, made by the host (so stateful
 //      formats such as float8 delayed scaling get their state from the engine, like any other)
-//   3. direction views and the CPU scratch direction (columnwise_source: rowwise_dequantized)
+//   3. direction views and scratch memory from the host table (columnwise_source:
+//      rowwise_dequantized): ScratchBuffer, ScratchTensor, ScratchDirection
 //   4. HybridQuantizer: layout, compute_amax, quantize, dequantize, describe
 //   5. QR_DEFINE_PLUGIN: the two exported symbols
 //
@@ -29,14 +30,18 @@
 //     either slot (float8 takes the max of the two) sees its direction's value only.
 //     compute_amax returns [rowwise sub's [0], columnwise sub's [1]].
 //   - columnwise_source: rowwise_dequantized quantizes the rowwise side first (into the
-//     destination when rowwise was asked for, else into a CPU scratch direction), decodes it to
+//     destination when rowwise was asked for, else into a scratch direction), decodes it to
 //     FP32 through the rowwise sub, and quantizes the columnwise side from those FP32 values.
 //     The columnwise side is given the amax of the *input* (the caller's amax[1], or the
 //     columnwise sub's compute_amax of the source): then passing compute_amax's result back in
 //     changes nothing, and ranks sharing a reduced amax share the columnwise scale. For formats
-//     without a tensor amax (mxfp8, blockwise) this makes no difference. The scratch lives on
-//     the host, so this mode quantizes the columnwise side of CPU tensors only (the host table
-//     has no device allocator yet); rowwise-only use works on any device.
+//     without a tensor amax (mxfp8, blockwise) this makes no difference. CPU and CUDA run the
+//     same steps in the same order, each through the sub-quantizers (whose CUDA kernels match
+//     their CPU references bit for bit), so the CUDA result is byte-identical to the CPU one.
+//     The scratch (the FP32 decode, and the rowwise direction of a columnwise-only request)
+//     comes from the host table's scratch_alloc on the source's device: the engine's allocator
+//     on the CPU, stream-ordered on the caller's stream on CUDA (no host synchronization);
+//     it is freed on every path, errors included.
 //   - quantize_into (in-place requantize) is the same call: both subs requantize in place.
 //   - Devices: the descriptor declares cpu and cuda; each sub-quantizer enforces its own device
 //     support with its own error (no fallback anywhere).
@@ -207,12 +212,64 @@ qr_quantize_args sub_args(const qr_quantize_args& args, qr_direction d, const fl
   return a;
 }
 
-// One direction allocated on the host from a layout (zero-filled, like the engine does): the
-// rowwise side of a columnwise-only request in rowwise_dequantized mode.
+// Bytes from the host table's scratch_alloc (plugin_abi.h) on `device`: zero-filled; on CUDA
+// stream-ordered on `stream`. The destructor gives them back on every path, errors included;
+// a CUDA free is queued on the same stream, so the work queued before it still sees the bytes.
+class ScratchBuffer {
+ public:
+  ScratchBuffer(qr_host_context* ctx, qr_device device, std::size_t bytes, void* stream)
+      : ctx_(ctx), device_(device), bytes_(bytes), stream_(stream) {
+    const qr_host_api* host = sdk::host();
+    QR_CHECK_CODE(host != nullptr && host->scratch_alloc != nullptr &&
+                      host->scratch_free != nullptr,
+                  QR_STATUS_UNSUPPORTED, "hybrid: columnwise_source: rowwise_dequantized needs "
+                  "scratch memory from the host (scratch_alloc), which this engine does not "
+                  "offer; use an engine built with this plugin, or columnwise_source: input");
+    sdk::check_host(host->scratch_alloc(ctx_, device_, bytes_, stream_, &ptr_),
+                    "hybrid: scratch of " + std::to_string(bytes) + " bytes on " +
+                        Device::from_c(device).str() + " (columnwise_source: "
+                        "rowwise_dequantized)");
+    QR_CHECK_CODE(ptr_ != nullptr, QR_STATUS_INTERNAL, "hybrid: the host returned success but "
+                  "no scratch memory (", bytes, " bytes on ", Device::from_c(device).str(), ")");
+  }
+  ~ScratchBuffer() {
+    if (ptr_) sdk::host()->scratch_free(ctx_, ptr_, bytes_, device_, stream_);
+  }
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  void* data() const { return ptr_; }
+
+ private:
+  qr_host_context* ctx_;
+  qr_device device_;
+  std::size_t bytes_;
+  void* stream_;
+  void* ptr_ = nullptr;
+};
+
+// A contiguous scratch tensor: the view and the bytes it points to.
+class ScratchTensor {
+ public:
+  ScratchTensor(qr_host_context* ctx, DType dtype, const std::vector<std::int64_t>& shape,
+                Device device, void* stream)
+      : view_(nullptr, dtype, shape, device),
+        buffer_(ctx, device.to_c(), static_cast<std::size_t>(view_.nbytes()), stream) {
+    view_.c().data = buffer_.data();
+  }
+  const qr_tensor_view& view() const { return view_.c(); }
+
+ private:
+  TensorView view_;  // declared before buffer_: its size decides the allocation
+  ScratchBuffer buffer_;
+};
+
+// One direction allocated from a layout on the source's device (zero-filled, like the engine
+// does): the rowwise side of a columnwise-only request in rowwise_dequantized mode.
 class ScratchDirection {
  public:
-  ScratchDirection(const qr_direction_layout& layout, qr_direction d, std::int64_t rows,
-                   std::int64_t cols, const std::string& format)
+  ScratchDirection(qr_host_context* ctx, const qr_direction_layout& layout, qr_direction d,
+                   std::int64_t rows, std::int64_t cols, const std::string& format,
+                   Device device, void* stream)
       : format_(format) {
     QR_CHECK(layout.data_ndim >= 1 && layout.data_ndim <= 2, "hybrid: the ", format,
              " layout has a data buffer of ", layout.data_ndim, " dimensions; expected 1 or 2");
@@ -226,14 +283,14 @@ class ScratchDirection {
     qr_direction_data& dd = slot(t_, d);
     dd.layout = layout;
     dd.layout.format = format_.c_str();
-    dd.data = allocate(data_, static_cast<DType>(layout.data_dtype), layout.data_ndim,
-                       layout.data_shape);
+    dd.data = allocate(data_, ctx, static_cast<DType>(layout.data_dtype), layout.data_ndim,
+                       layout.data_shape, device, stream);
     if (layout.scale_ndim > 0)
-      dd.scale_inv = allocate(scale_, static_cast<DType>(layout.scale_dtype), layout.scale_ndim,
-                              layout.scale_shape);
+      dd.scale_inv = allocate(scale_, ctx, static_cast<DType>(layout.scale_dtype),
+                              layout.scale_ndim, layout.scale_shape, device, stream);
     if (layout.has_amax) {
       const std::int64_t one[2] = {1, 0};
-      dd.amax = allocate(amax_, DType::f32, 1, one);
+      dd.amax = allocate(amax_, ctx, DType::f32, 1, one, device, stream);
     }
   }
   ScratchDirection(const ScratchDirection&) = delete;
@@ -241,15 +298,17 @@ class ScratchDirection {
   qr_quantized_tensor& tensor() { return t_; }
 
  private:
-  static qr_tensor_view allocate(Tensor& storage, DType dtype, int ndim,
-                                 const std::int64_t* shape) {
+  static qr_tensor_view allocate(std::unique_ptr<ScratchTensor>& storage, qr_host_context* ctx,
+                                 DType dtype, int ndim, const std::int64_t* shape, Device device,
+                                 void* stream) {
     QR_CHECK(ndim >= 1 && ndim <= 2, "hybrid: scratch buffer of ", ndim,
              " dimensions; expected 1 or 2");
-    storage = Tensor(dtype, std::vector<std::int64_t>(shape, shape + ndim));
-    return storage.view().c();
+    storage = std::make_unique<ScratchTensor>(
+        ctx, dtype, std::vector<std::int64_t>(shape, shape + ndim), device, stream);
+    return storage->view();
   }
   std::string format_;
-  Tensor data_, scale_, amax_;
+  std::unique_ptr<ScratchTensor> data_, scale_, amax_;
   qr_quantized_tensor t_{};
 };
 
@@ -262,7 +321,8 @@ using sdk::view_rows;
 class HybridQuantizer final : public sdk::QuantizerBase {
  public:
   HybridQuantizer(const qr_create_args& args, const sdk::Options& opts)
-      : source_(resolve_options(opts)),
+      : ctx_(args.ctx),
+        source_(resolve_options(opts)),
         rowwise_(args, required_side(opts, QR_DIRECTION_ROWWISE), QR_DIRECTION_ROWWISE),
         columnwise_(args, required_side(opts, QR_DIRECTION_COLUMNWISE), QR_DIRECTION_COLUMNWISE) {}
 
@@ -332,15 +392,14 @@ class HybridQuantizer final : public sdk::QuantizerBase {
     sub.quantize(src, a, view);
   }
 
-  // columnwise_source: rowwise_dequantized with the columnwise side requested.
+  // columnwise_source: rowwise_dequantized with the columnwise side requested. One sequence
+  // for every device: the sub-quantizers run on the source's device, and the scratch lives
+  // there too (stream-ordered on args.stream for CUDA), so CUDA gives the CPU's bytes.
   void quantize_from_rowwise_dequantized(const qr_tensor_view& src, const qr_quantize_args& args,
                                          qr_quantized_tensor& dst, bool want_rowwise,
                                          const float* given_row, const float* given_col) const {
-    QR_CHECK_CODE(src.device.type == QR_DEVICE_CPU, QR_STATUS_UNSUPPORTED,
-                  "hybrid quantize: columnwise_source: rowwise_dequantized builds the columnwise "
-                  "side from host scratch buffers, so it needs a CPU source (got a CUDA tensor); "
-                  "use columnwise_source: input on the GPU, or quantize this tensor on the CPU");
     const std::int64_t rows = dst.rows, cols = dst.cols;
+    const Device device = Device::from_c(src.device);
 
     // The columnwise side's amax is that of the input (see the map at the top); take it
     // before the rowwise side runs, so a caller-free call equals one given compute_amax.
@@ -350,7 +409,7 @@ class HybridQuantizer final : public sdk::QuantizerBase {
       given_col = &input_col_amax;
     }
 
-    // 1. Rowwise: into the destination when asked for, else into host scratch.
+    // 1. Rowwise: into the destination when asked for, else into scratch on the device.
     std::array<float, 2> row_amax{};
     const qr_quantize_args row_args = sub_args(args, QR_DIRECTION_ROWWISE, given_row, row_amax);
     std::unique_ptr<ScratchDirection> scratch;
@@ -359,20 +418,21 @@ class HybridQuantizer final : public sdk::QuantizerBase {
       rowwise_view = single_direction(dst, QR_DIRECTION_ROWWISE, rowwise_.format());
     } else {
       scratch = std::make_unique<ScratchDirection>(
-          rowwise_.layout(rows, cols, QR_DIRECTION_ROWWISE), QR_DIRECTION_ROWWISE, rows, cols,
-          rowwise_.format());
+          ctx_, rowwise_.layout(rows, cols, QR_DIRECTION_ROWWISE), QR_DIRECTION_ROWWISE, rows,
+          cols, rowwise_.format(), device, args.stream);
       rowwise_view = scratch->tensor();
     }
     rowwise_.quantize(src, row_args, rowwise_view);
 
-    // 2. Decode it to FP32 through the rowwise format.
-    Tensor decoded(DType::f32, {rows, cols});
-    rowwise_.dequantize(rowwise_view, QR_DIRECTION_ROWWISE, decoded.view().c(), args.stream);
+    // 2. Decode it to FP32 (always FP32, whatever the source dtype) through the rowwise format.
+    const ScratchTensor decoded(ctx_, DType::f32, {rows, cols}, device, args.stream);
+    rowwise_.dequantize(rowwise_view, QR_DIRECTION_ROWWISE, decoded.view(), args.stream);
 
     // 3. Columnwise from the decoded values.
-    quantize_side(QR_DIRECTION_COLUMNWISE, decoded.view().c(), args, given_col, dst);
+    quantize_side(QR_DIRECTION_COLUMNWISE, decoded.view(), args, given_col, dst);
   }
 
+  qr_host_context* ctx_;  // the engine that made this quantizer (outlives it): scratch memory
   ColumnwiseSource source_;
   SubQuantizer rowwise_;     // made first: its scaling state (if any) precedes the columnwise one
   SubQuantizer columnwise_;
@@ -389,7 +449,7 @@ constexpr qr_option_schema kSchema[] = {
     sdk::option_enum("columnwise_source", "input", kSourceChoices,
                      "input: quantize the columnwise side from the input; rowwise_dequantized: "
                      "from the decoded rowwise data, so both directions hold the same values "
-                     "(useful for weights; CPU only for the columnwise side)"),
+                     "(useful for weights)"),
 };
 
 constexpr std::uint32_t kDevices = (1u << QR_DEVICE_CPU) | (1u << QR_DEVICE_CUDA);

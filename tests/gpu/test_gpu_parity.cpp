@@ -94,6 +94,17 @@ const OptionSet kOptionSets[] = {
     {"hybrid", "float8_e4m3_rows_e5m2_cols",
      "{format: hybrid, rowwise: {format: float8, dtype: e4m3}, "
      "columnwise: {format: float8, dtype: e5m2, pow2_scales: true}}"},
+    // columnwise_source: rowwise_dequantized: the columnwise side is quantized on the device
+    // from the device decode of the rowwise side (FP32 scratch), as the CPU path does.
+    {"hybrid", "float8_rows_mxfp8_cols_dequantized",  // recipes/hybrid_fp8_mx.yaml's weights
+     "{format: hybrid, rowwise: {format: float8, scaling: current}, columnwise: {format: mxfp8}, "
+     "columnwise_source: rowwise_dequantized}"},
+    {"hybrid", "blockwise_1x128_rows_nvfp4_cols_dequantized",
+     "{format: hybrid, rowwise: {format: blockwise, block: 1x128}, columnwise: {format: nvfp4}, "
+     "columnwise_source: rowwise_dequantized}"},
+    {"hybrid", "nvfp4_2d_rows_float8_delayed_cols_dequantized",
+     "{format: hybrid, rowwise: {format: nvfp4, 2d: true}, columnwise: {format: float8, "
+     "scaling: delayed, amax_history_len: 4}, columnwise_source: rowwise_dequantized}"},
     {"nvfp4", "default", "{format: nvfp4}"},
     {"nvfp4", "2d", "{format: nvfp4, 2d: true}"},
     {"nvfp4", "stochastic_rounding", "{format: nvfp4, stochastic_rounding: true, seed: 1234}"},
@@ -151,6 +162,17 @@ const QuantizerRole kRole{"linear", "input", "gpu_parity"};
 bool selftest_requested() {
   const char* v = std::getenv("QRECIPE_GPU_PARITY_SELFTEST");
   return v != nullptr && std::string(v) == "1";
+}
+
+// QRECIPE_GPU_PARITY_ONLY="mxfp8,nvfp4/2d": sweep only these formats ("format") or option
+// sets ("format/label"), so a GPU run can check a few formats, or split the sweep over
+// parallel processes. Unset or empty: everything.
+bool selected(const std::string& format, const std::string& label) {
+  const char* v = std::getenv("QRECIPE_GPU_PARITY_ONLY");
+  if (v == nullptr || *v == '\0') return true;
+  std::string list = std::string(",") + v + ",";
+  return list.find("," + format + ",") != std::string::npos ||
+         list.find("," + format + "/" + label + ",") != std::string::npos;
 }
 
 // Where the "device" side of the comparison runs: CUDA, or the CPU in self-test mode.
@@ -428,6 +450,11 @@ bool sweep_format(const qrecipe::FormatPlugin& plugin, const Target& target, Tal
     sets.push_back({plugin.name().c_str(), "defaults", default_spec.c_str()});
   }
   for (const OptionSet& set : sets) {
+    if (!selected(plugin.name(), set.label)) {
+      MESSAGE(plugin.name() << " " << std::string(set.label)
+                            << ": skipped (not in QRECIPE_GPU_PARITY_ONLY)");
+      continue;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     std::optional<Sides> sides;
     try {

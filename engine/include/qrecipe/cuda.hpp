@@ -50,4 +50,13 @@ void copy_to_device(void* dst, const void* src, std::size_t bytes, void* stream 
 // Waits until all work queued on `stream` of `device` (nullptr: legacy default stream) is done.
 void synchronize(Device device, void* stream = nullptr);
 
+// Stream-ordered scratch memory (the host table's scratch_alloc / scratch_free): `bytes` from
+// the default memory pool of `device` by cudaMallocAsync on `stream`, zero-filled by
+// cudaMemsetAsync on that stream, so work queued on `stream` afterwards may use it; no host
+// synchronization. At least 256 bytes even for 0; 256-byte aligned. free_async gives it back
+// with cudaFreeAsync on the same stream: work queued before the free still sees the memory.
+// free_async never throws (a failure is printed to stderr).
+void* allocate_async(std::size_t bytes, Device device, void* stream);
+void free_async(void* ptr, std::size_t bytes, Device device, void* stream) noexcept;
+
 }  // namespace qrecipe

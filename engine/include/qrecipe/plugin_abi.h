@@ -4,7 +4,7 @@
  *   1. versions and basic enums (status, dtype, device, usage, scale modes, option types)
  *   2. value structs: tensor view, role, options, quantizer spec, layout, quantized tensor
  *   3. the host table (what the engine gives a plugin: errors, logging, scaling state,
- *      sub-quantizers for the hybrid format)
+ *      sub-quantizers for the hybrid format, scratch memory)
  *   4. the plugin descriptor (what a plugin gives the engine) and the two exported symbols
  *
  * Rules (DESIGN.md section 4):
@@ -288,6 +288,18 @@ typedef struct qr_host_api {
    * Engine::update_scaling). Not concurrent with quantize calls using the state. */
   qr_status (*scaling_state_move)(qr_host_context* ctx, qr_scaling_state* state,
                                   qr_device device);
+  /* appended after v1 (check struct_size): scratch memory for a plugin's intermediates (the
+   * hybrid format's rowwise_dequantized mode), zero-filled, at least 256-byte aligned, never
+   * NULL on success (bytes 0 included). CPU: from the engine's allocator (`stream` unused).
+   * CUDA: stream-ordered on `stream` of `device` (cudaMallocAsync, zeroed by cudaMemsetAsync;
+   * NULL = the legacy default stream): usable by work queued on `stream` after the call.
+   * scratch_free with the same device and stream gives it back in stream order
+   * (cudaFreeAsync): work queued on `stream` before the free still sees the memory, and
+   * the caller need not synchronize. Free on every path, errors included. */
+  qr_status (*scratch_alloc)(qr_host_context* ctx, qr_device device, size_t bytes, void* stream,
+                             void** out);
+  void (*scratch_free)(qr_host_context* ctx, void* ptr, size_t bytes, qr_device device,
+                       void* stream);
 } qr_host_api;
 
 /* ---------------------------------------------------------------- 4. plugin descriptor */
