@@ -20,9 +20,9 @@ def convert(model: torch.nn.Module, recipe: RecipeLike = None,
     """Replaces every ``torch.nn.Linear`` (exactly that class; subclasses such as
     MultiheadAttention's out_proj are left alone) for which ``filter_fn(name, module)`` is
     true. Parameters are shared, not copied, so an optimizer built before the call still
-    updates them. Existing qrecipe modules (``qrecipe.nn.Linear`` and every
-    ``qrecipe.nn.QuantizedModule``: LayerNormLinear, LayerNormMLP, GroupedLinear) without a
-    name get their path; filter_fn does not apply to them (they are already qrecipe's).
+    updates them. Existing qrecipe modules (every ``qrecipe.nn.QuantizedModule``: Linear,
+    LayerNormLinear, LayerNormMLP, GroupedLinear) without a name get their path; filter_fn
+    does not apply to them (they are already qrecipe's).
 
     ``recipe`` (a Recipe, a path, a dict): when given, every converted layer resolves its
     roles and plans its GEMMs under it now (every GEMM of every qrecipe module, converted or
@@ -40,10 +40,7 @@ def convert(model: torch.nn.Module, recipe: RecipeLike = None,
         if not module.name:
             module.name = name
         if checked is not None:
-            if isinstance(module, QuantizedModule):
-                module.resolve_roles(checked)
-            else:
-                module.roles(checked)
+            module.resolve_roles(checked)
         return module
 
     if wanted("", model):
@@ -53,6 +50,6 @@ def convert(model: torch.nn.Module, recipe: RecipeLike = None,
             full = f"{path}.{child_name}" if path else child_name
             if wanted(full, child):
                 setattr(parent, child_name, finish(full, Linear.from_linear(child, full)))
-            elif isinstance(child, (Linear, QuantizedModule)):
+            elif isinstance(child, QuantizedModule):
                 finish(full, child)
     return model

@@ -23,3 +23,23 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def weight_quantizations(monkeypatch):
+    """The usage bits of every quantization of a weight role made by
+    qrecipe.nn.linear_function, in order; the weight cache is emptied and its counters reset
+    first (shared by the weight-cache and quantized-parameter tests)."""
+    from qrecipe.nn import linear_function, weight_cache
+    calls = []
+    original = linear_function._quantize
+
+    def counting(quantizer, tensor, usage):
+        if ":weight@" in quantizer.role:
+            calls.append(usage)
+        return original(quantizer, tensor, usage)
+
+    monkeypatch.setattr(linear_function, "_quantize", counting)
+    weight_cache.clear()
+    weight_cache.reset_stats()
+    return calls

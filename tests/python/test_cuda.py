@@ -1,7 +1,8 @@
 """The adapter on CUDA tensors (run by tools/gpu_check.sh on a GPU machine; skipped without
-one): the kernels' bytes equal the CPU reference's through the adapter, qrecipe.nn.Linear on
-CUDA matches the same layer on the CPU, work runs on torch's current stream, and a CUDA
-tensor never falls back to the CPU."""
+one): the kernels' bytes equal the CPU reference's through the adapter, qrecipe.nn.Linear,
+LayerNormLinear, LayerNormMLP (GELU, SwiGLU) and GroupedLinear (an expert without rows) on
+CUDA match the same modules on the CPU under the shipped recipes, work runs on torch's
+current stream, and a CUDA tensor never falls back to the CPU."""
 import pytest
 import torch
 
@@ -115,3 +116,97 @@ def test_dequantize_on_cuda_matches_cpu():
     q = qrecipe.Recipe.builtin("mxfp8").quantizer("linear", "input")
     x = torch.randn(64, 96)
     assert torch.equal(q.quantize(x.cuda()).dequantize().cpu(), q.quantize(x).dequantize())
+
+
+# ------------------------------------------------------------------ the other modules
+MODULE_RECIPES = RECIPES
+SPLITS = [64, 0, 64]  # an expert without rows; multiples of 32 (MXFP8 columnwise blocks)
+
+
+def module_step(module, x, dy, recipe, *args):
+    """Output, input gradient and every parameter's gradient of one step."""
+    x = x.detach().clone().requires_grad_()
+    module.zero_grad(set_to_none=True)
+    with qrecipe.autocast(recipe):
+        y = module(x, *args)
+    y.backward(dy)
+    return [y.detach(), x.grad] + [p.grad for p in module.parameters()]
+
+
+def cpu_and_cuda(make):
+    """The same module on both devices: built on the CPU, its state loaded into a CUDA one."""
+    cpu = make("cpu")
+    gpu = make("cuda")
+    gpu.load_state_dict(cpu.state_dict())
+    return cpu, gpu
+
+
+def run_both(name, cpu, gpu, x, dy, cpu_args=(), gpu_args=()):
+    # Fresh recipes per device; a second step uses the scales delayed scaling computed.
+    recipe_cpu, recipe_gpu = qrecipe.Recipe.builtin(name), qrecipe.Recipe.builtin(name)
+    for _ in range(2):
+        ref = module_step(cpu, x, dy, recipe_cpu, *cpu_args)
+        out = module_step(gpu, x.cuda(), dy.cuda(), recipe_gpu, *gpu_args)
+    assert len(ref) == len(out)
+    for i, b in enumerate(out):
+        assert b is not None and b.is_cuda, f"{name}: result {i} is not on the GPU"
+    return ref, out
+
+
+def assert_close_after_torch_ops(name, ref, out):
+    """For modules whose norm / activation run as torch's own CPU and CUDA kernels: those may
+    round a few elements one BF16 ulp apart, and such an element can land on the other side
+    of a quantization boundary (one code apart, and with it a row or column of a GEMM
+    result). So, rather than every element: each result's relative error norm stays below
+    2e-2 and at most 5% of its elements are outside rtol = atol = 2e-2 (the Linear test's
+    tolerance). Calibration on the CPU, nudging 30 norm outputs and 200 activation outputs
+    by one BF16 ulp on one side (about ten times what different kernels are expected to
+    round differently) under every recipe: at most 0.7% error norm and 1.6% of elements
+    outside. A wrong decode or scale layout breaks whole blocks and fails both bounds."""
+    for i, (a, b) in enumerate(zip(ref, out)):
+        a, b = a.float(), b.cpu().float()
+        assert a.shape == b.shape, f"{name} result {i}: shape {b.shape} vs {a.shape}"
+        error = float((b - a).norm() / a.norm().clamp_min(1e-30))
+        outside = float(((b - a).abs() > 2e-2 + 2e-2 * a.abs()).float().mean())
+        assert error <= 2e-2 and outside <= 5e-2, \
+            f"{name} result {i}: relative error {error:.3g}, {outside:.2%} of elements outside"
+
+
+@pytest.mark.parametrize("name", MODULE_RECIPES)
+def test_layernorm_linear_on_cuda_matches_cpu(name):
+    cpu, gpu = cpu_and_cuda(lambda device: qrecipe.nn.LayerNormLinear(
+        256, 256, dtype=torch.bfloat16, device=device, name="attn.qkv"))
+    x = torch.randn(128, 256, dtype=torch.bfloat16)
+    dy = torch.randn(128, 256, dtype=torch.bfloat16)
+    assert_close_after_torch_ops(name, *run_both(name, cpu, gpu, x, dy))
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+@pytest.mark.parametrize("name", MODULE_RECIPES)
+def test_layernorm_mlp_on_cuda_matches_cpu(name, activation):
+    cpu, gpu = cpu_and_cuda(lambda device: qrecipe.nn.LayerNormMLP(
+        256, 512, activation=activation, dtype=torch.bfloat16, device=device,
+        name="layers.0.mlp"))
+    x = torch.randn(128, 256, dtype=torch.bfloat16)
+    dy = torch.randn(128, 256, dtype=torch.bfloat16)
+    assert_close_after_torch_ops(f"{name} {activation}", *run_both(name, cpu, gpu, x, dy))
+
+
+@pytest.mark.parametrize("single", [True, False])
+@pytest.mark.parametrize("name", MODULE_RECIPES)
+def test_grouped_linear_on_cuda_matches_cpu(name, single):
+    # As the Linear test: each expert's GEMMs read the same quantized bytes on both devices
+    # (no torch op before them); only the GEMMs' FP32 summation order differs.
+    cpu, gpu = cpu_and_cuda(lambda device: qrecipe.nn.GroupedLinear(
+        3, 256, 256, single_grouped_parameter=single, dtype=torch.bfloat16, device=device,
+        name="moe.experts"))
+    x = torch.randn(sum(SPLITS), 256, dtype=torch.bfloat16)
+    dy = torch.randn(sum(SPLITS), 256, dtype=torch.bfloat16)
+    ref, out = run_both(name, cpu, gpu, x, dy, (SPLITS,),
+                        (torch.tensor(SPLITS, device="cuda"),))  # device splits: a sync
+    for i, (a, b) in enumerate(zip(ref, out)):
+        torch.testing.assert_close(b.cpu().float(), a.float(), rtol=2e-2, atol=2e-2,
+                                   msg=lambda m: f"{name} result {i}: {m}")
+    # Expert 1 has no rows: its weight gradient is exactly zero.
+    empty_expert_grad = out[2][256:512] if single else out[4]  # [y, dx, w, b] / [y, dx, w0, b0, ..]
+    assert torch.equal(empty_expert_grad.cpu(), torch.zeros(256, 256, dtype=torch.bfloat16))

@@ -1,6 +1,7 @@
 """qrecipe.nn.GroupedLinear: the same numbers as separate layers (torch.nn.Linear when nothing is
 quantized, qrecipe.nn.Linear under every shipped recipe) bit for bit, including experts with
-no rows; the single-parameter layout and its offsets; m_splits validation."""
+no rows; the single-parameter layout and its offsets; m_splits validation; the weight cache
+across micro-batches in both layouts (per expert, stale when the grouped weight changes)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -303,17 +304,77 @@ def test_fused_wgrad_accumulation_into_main_grad(single):
                 fused(x, SPLITS)
 
 
-def test_weight_cache_across_microbatches_needs_separate_parameters():
+# ------------------------------------------------------------------ weight cache
+def microbatch_steps(module, recipe, data, flag):
+    """Steps of micro-batches, each step in one outer autocast block, an SGD update after
+    each step; returns every output, input gradient and the parameters' gradients."""
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    results = []
+    for step_data in data:
+        opt.zero_grad(set_to_none=True)
+        with qrecipe.autocast(recipe):
+            for i, (x, dy) in enumerate(step_data):
+                x = x.clone().requires_grad_()
+                with qrecipe.autocast(recipe):
+                    y = module(x, SPLITS, is_first_microbatch=flag(i))
+                y.backward(dy)
+                results += [y.detach(), x.grad]
+        results += [p.grad.clone() for p in module.parameters()]
+        opt.step()
+    return results
+
+
+@pytest.mark.parametrize("name", ["default", "mxfp8", "float8_delayed"])
+@pytest.mark.parametrize("single", [True, False])
+def test_weight_cache_is_bit_identical_and_quantizes_once_per_expert_per_step(
+        name, single, weight_quantizations):
     from qrecipe.nn import weight_cache
-    module = grouped(single=False)
-    xs = [torch.randn(sum(SPLITS), IN) for _ in range(3)]
-    with qrecipe.autocast():
-        want = [module(x, SPLITS) for x in xs]
+    steps, micro = 2, 3
+    g = torch.Generator().manual_seed(3)
+    data = [[(torch.randn(sum(SPLITS), IN, generator=g),
+              torch.randn(sum(SPLITS), OUT, generator=g)) for _ in range(micro)]
+            for _ in range(steps)]
+    cached_module = grouped(single)
+    plain_module = grouped(single)
+    plain_module.load_state_dict(cached_module.state_dict())
+    # Fresh recipes per side: float8_delayed's scales then evolve identically.
+    want = microbatch_steps(plain_module, qrecipe.Recipe.builtin(name), data, lambda i: None)
+    assert len(weight_quantizations) == steps * micro * 3  # every expert, every micro-batch
+    del weight_quantizations[:]
     weight_cache.reset_stats()
-    with qrecipe.autocast():
-        got = [module(x, SPLITS, is_first_microbatch=(i == 0)) for i, x in enumerate(xs)]
-    assert weight_cache.stats["quantized"] == 3 and weight_cache.stats["reused"] == 6
-    for g, w in zip(got, want):
-        assert torch.equal(g, w)
-    with pytest.raises(ValueError, match="single_grouped_parameter=False"):
-        grouped(single=True)(xs[0], SPLITS, is_first_microbatch=True)
+    got = microbatch_steps(cached_module, qrecipe.Recipe.builtin(name), data,
+                           lambda i: i == 0)
+    assert_all_equal(got, want)
+    # One quantization per expert per step (the empty expert included), both directions.
+    assert weight_quantizations == [3] * (steps * 3)
+    assert weight_cache.stats == {"quantized": steps * 3, "reused": steps * (micro - 1) * 3,
+                                  "stale": 0}
+    if single:  # kept under the grouped parameter, one entry per expert (and quantizer)
+        entries = weight_cache._cache[cached_module.weight]
+        assert sorted(index for _, index in entries) == [0, 1, 2]
+
+
+def test_grouped_weight_cache_goes_stale_when_the_parameter_changes(weight_quantizations):
+    from qrecipe.nn import weight_cache
+    module = grouped(single=True)
+    recipe = qrecipe.Recipe.default()
+    x = torch.randn(sum(SPLITS), IN)
+    with qrecipe.autocast(recipe):  # one step: the recipe's scales do not change inside
+        module(x, SPLITS, is_first_microbatch=True)
+        with torch.no_grad():
+            module.weight.add_(0.25)  # in place: an optimizer step (the views' version too)
+        y_stale = module(x, SPLITS, is_first_microbatch=False)
+        y_fresh = module(x, SPLITS)
+        assert torch.equal(y_stale, y_fresh)  # re-quantized from the updated weight
+        assert weight_cache.stats == {"quantized": 6, "reused": 0, "stale": 3}
+        assert torch.equal(module(x, SPLITS, is_first_microbatch=False), y_fresh)
+        assert weight_cache.stats["reused"] == 3
+        module.weight.data = module.weight.data * 2  # new storage: stale as well
+        y_new = module(x, SPLITS, is_first_microbatch=False)
+        assert torch.equal(y_new, module(x, SPLITS))
+    assert weight_cache.stats == {"quantized": 9, "reused": 3, "stale": 6}
+    weight_cache.clear(module.weight)  # drops every expert's entry
+    with qrecipe.autocast(recipe):
+        with pytest.raises(RuntimeError, match="group 0 of this weight.*is_first_microbatch"
+                                               "=True on the first"):
+            module(x, SPLITS, is_first_microbatch=False)

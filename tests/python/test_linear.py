@@ -140,3 +140,34 @@ def test_explain_names_roles_and_gemms():
     assert "linear fc under recipe hybrid-seed" in text
     for word in ("input", "weight", "grad_output", "fprop", "dgrad", "wgrad", "mxfp8", "nvfp4"):
         assert word in text
+
+
+def test_linear_shares_the_base_implementation():
+    # One implementation of roles, explain, input checks and copying for every module.
+    assert issubclass(qrecipe.nn.Linear, qrecipe.nn.QuantizedModule)
+    for attr in ("roles", "explain", "_check_input", "__getstate__", "__setstate__", "_linear"):
+        assert attr not in vars(qrecipe.nn.Linear), attr
+    recipe = qrecipe.Recipe.default()
+    layer = qrecipe.nn.Linear(32, 16, name="blocks.0.fc1")
+    roles = layer.roles(recipe)
+    assert layer.roles(recipe, 64) is roles  # cached per recipe
+    assert roles.weight.role == "linear:weight@blocks.0.fc1"
+    assert layer.resolve_roles(recipe) == {"": roles}
+    text = layer.explain(recipe)
+    assert text.splitlines()[0] == "linear blocks.0.fc1 under recipe default:"
+    assert [line.split()[0] for line in text.splitlines()[1:]] == [
+        "input", "weight", "grad_output", "fprop", "dgrad", "wgrad"]
+    layer.name = "blocks.1.fc1"  # a new name re-resolves
+    assert layer.roles(recipe).weight.role == "linear:weight@blocks.1.fc1"
+    assert "name='blocks.1.fc1'" in repr(layer)
+
+
+def test_linear_checks_the_last_dimension_outside_autocast_too():
+    layer = qrecipe.nn.Linear(16, 8, name="fc")
+    with pytest.raises(ValueError, match="qrecipe.nn.Linear 'fc'.*does not end in "
+                                         "in_features=16"):
+        layer(torch.randn(4, 12))
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        layer([1.0] * 16)
+    x = torch.randn(4, 16, dtype=torch.float64)  # dtypes are torch's business outside autocast
+    assert torch.equal(layer.double()(x), F.linear(x, layer.weight, layer.bias))

@@ -1,5 +1,7 @@
 """qrecipe.quantized_model_init and QuantizedWeight: parameters stored quantized, GEMMs on
-their bytes, dequantizing fallback for other ops, copies, pickling and clear errors."""
+their bytes, dequantizing fallback for other ops, copies, pickling and clear errors; every
+module's weights (GroupedLinear's single parameter as a grouped weight, one quantized
+tensor per expert)."""
 import copy
 import io
 import pickle
@@ -9,7 +11,6 @@ import torch
 import torch.nn.functional as F
 
 import qrecipe
-from qrecipe.nn import linear_function
 
 DEFAULT = qrecipe.Recipe.default()
 
@@ -64,22 +65,13 @@ def test_creation():
 @pytest.mark.parametrize("recipe_name,dtype", [("default", torch.float32),
                                                ("mxfp8", torch.bfloat16),
                                                ("blockwise", torch.float32)])
-def test_gemms_use_the_stored_bytes(recipe_name, dtype, monkeypatch):
+def test_gemms_use_the_stored_bytes(recipe_name, dtype, weight_quantizations):
     recipe = qrecipe.Recipe.builtin(recipe_name)
     plain, layer = plain_and_quantized(recipe, dtype)
     # The stored bytes are the plain weight quantized once by the role's quantizer.
     once = recipe.quantizer("linear", "weight", "fc").quantize(plain.weight.detach())
     assert same_bytes(layer.weight, once)
 
-    weight_quantizations = []
-    original = linear_function._quantize
-
-    def counting(quantizer, tensor, usage):
-        if ":weight@" in quantizer.role:
-            weight_quantizations.append(usage)
-        return original(quantizer, tensor, usage)
-
-    monkeypatch.setattr(linear_function, "_quantize", counting)
     x = torch.randn(16, 64, dtype=dtype)
     dy = torch.randn(16, 32, dtype=dtype)
     results = []
@@ -228,3 +220,159 @@ def test_device_moves_keep_the_bytes_and_dtype_changes_decode():
     decoded = w.to(torch.bfloat16)  # a dtype change: the decoded tensor, converted
     assert type(decoded) is torch.Tensor
     assert torch.equal(decoded, w.dequantize().detach().to(torch.bfloat16))
+
+
+# ------------------------------------------------------------------ every module
+# name -> (constructor, the GEMM weights: parameter -> (role name, row groups), forward)
+SPLITS = [32, 0, 64]  # rows per expert, an empty one included (multiples of 32 for mxfp8)
+MODULES = {
+    "layernorm_linear": (lambda dtype: qrecipe.nn.LayerNormLinear(64, 32, dtype=dtype,
+                                                                  name="blk.qkv"),
+                         {"weight": ("blk.qkv", 1)}, lambda m, x: m(x)),
+    "layernorm_mlp": (lambda dtype: qrecipe.nn.LayerNormMLP(64, 32, activation="swiglu",
+                                                            dtype=dtype, name="blk.mlp"),
+                      {"fc1_weight": ("blk.mlp.fc1", 1), "fc2_weight": ("blk.mlp.fc2", 1)},
+                      lambda m, x: m(x)),
+    "grouped_single": (lambda dtype: qrecipe.nn.GroupedLinear(3, 64, 32, dtype=dtype,
+                                                              name="moe"),
+                       {"weight": ("moe", 3)}, lambda m, x: m(x, SPLITS)),
+    "grouped_multi": (lambda dtype: qrecipe.nn.GroupedLinear(
+        3, 64, 32, single_grouped_parameter=False, dtype=dtype, name="moe"),
+        {f"weight{i}": ("moe", 1) for i in range(3)}, lambda m, x: m(x, SPLITS)),
+}
+
+
+def plain_and_quantized_module(kind, recipe=DEFAULT, dtype=torch.float32, seed=3):
+    make = MODULES[kind][0]
+    torch.manual_seed(seed)
+    plain = make(dtype)
+    torch.manual_seed(seed)
+    with qrecipe.quantized_model_init(recipe):
+        quantized = make(dtype)
+    return plain, quantized
+
+
+def weights_of(kind):
+    return MODULES[kind][1]
+
+
+def same_grouped_bytes(a, b):
+    assert a.num_groups == b.num_groups
+    return all(same_bytes(a.group(i), b.group(i)) for i in range(a.num_groups))
+
+
+@pytest.mark.parametrize("kind", sorted(MODULES))
+@pytest.mark.parametrize("recipe_name,dtype", [("default", torch.float32),
+                                               ("mxfp8", torch.bfloat16),
+                                               ("blockwise", torch.float32)])
+def test_every_module_is_created_quantized_and_its_gemms_use_the_stored_bytes(
+        kind, recipe_name, dtype, weight_quantizations):
+    recipe = qrecipe.Recipe.builtin(recipe_name)
+    plain, module = plain_and_quantized_module(kind, recipe, dtype)
+    weights = weights_of(kind)
+    for param, (role_name, groups) in weights.items():
+        w = getattr(module, param)
+        assert isinstance(w, qrecipe.QuantizedWeight) and isinstance(w, torch.nn.Parameter)
+        assert w.num_groups == groups and w.shape == getattr(plain, param).shape
+        quantizer = recipe.quantizer(module.MODULE_TYPE, "weight", role_name)
+        assert w.options == quantizer.describe()
+        # Each group is exactly that group's rows quantized alone (an expert's own scales).
+        for i, rows in enumerate(getattr(plain, param).detach().chunk(groups)):
+            assert same_bytes(w.group(i), quantizer.quantize(rows)), (param, i)
+    for name, p in module.named_parameters():  # norms and biases stay high precision
+        assert isinstance(p, qrecipe.QuantizedWeight) == (name in weights), name
+
+    forward = MODULES[kind][2]
+    x = torch.randn(sum(SPLITS), 64, dtype=dtype)
+    dy = torch.randn(sum(SPLITS), 64 if kind == "layernorm_mlp" else 32, dtype=dtype)
+    results = []
+    for m in (plain, module):
+        xi = x.clone().requires_grad_()
+        with qrecipe.autocast(recipe):
+            y = forward(m, xi)
+        y.backward(dy)
+        results.append([y, xi.grad] + [p.grad for p in m.parameters()])
+    assert len(weight_quantizations) == (3 if kind.startswith("grouped") else len(weights))
+    for i, (a, b) in enumerate(zip(*results)):  # the plain module's only
+        assert type(b) is torch.Tensor and torch.equal(a, b), i
+
+
+def test_grouped_quantized_weight_holds_one_quantized_tensor_per_expert():
+    w = torch.randn(96, 64)
+    w[64:] *= 100  # expert 2's values are much larger: a shared scale would crush the others
+    quantizer = DEFAULT.quantizer("grouped_linear", "weight", "moe")
+    grouped_w = qrecipe.QuantizedWeight.from_tensor(w, quantizer, groups=3)
+    assert grouped_w.num_groups == 3 and grouped_w.shape == (96, 64)
+    assert "groups=3" in repr(grouped_w)
+    scales = [float(grouped_w.group(i).rowwise_scale_inv) for i in range(3)]
+    assert scales[0] != scales[2] and scales[2] > 50 * scales[0]  # per-expert scales
+    expected = torch.cat([quantizer.quantize(rows).dequantize() for rows in w.chunk(3)])
+    assert torch.equal(grouped_w.dequantize(), expected)
+    assert torch.equal(grouped_w * 1, expected)  # the fallback decodes every group
+    assert not torch.equal(expected, quantizer.quantize(w).dequantize())
+    with pytest.raises(ValueError, match="3 row groups.*group\\(i\\)"):
+        grouped_w.rowwise_data
+    with pytest.raises(ValueError, match="groups=5 must be a positive int dividing"):
+        qrecipe.QuantizedWeight.from_tensor(w, quantizer, groups=5)
+    # Flattening names every group's tensors; unflattening and pickling rebuild the groups.
+    names, ctx = grouped_w.__tensor_flatten__()
+    assert names[:3] == ["_g0_rowwise_data", "_g0_rowwise_scale_inv", "_g0_rowwise_amax"]
+    assert len(names) == 18 and ctx["group_rows"] == (32, 32, 32)
+    rebuilt = qrecipe.QuantizedWeight.__tensor_unflatten__(
+        {n: getattr(grouped_w, n) for n in names}, ctx, grouped_w.shape, grouped_w.stride())
+    assert same_grouped_bytes(rebuilt, grouped_w)
+    assert same_grouped_bytes(pickle.loads(pickle.dumps(grouped_w)), grouped_w)
+    assert same_grouped_bytes(grouped_w.clone(), grouped_w)
+    # copy_ from a plain tensor re-quantizes each group on its own rows, in place.
+    aliased = grouped_w.group(1).rowwise_data
+    with torch.no_grad():
+        grouped_w.copy_(w.flip(0))
+    assert same_grouped_bytes(grouped_w, qrecipe.QuantizedWeight.from_tensor(
+        w.flip(0), quantizer, groups=3))
+    assert torch.equal(aliased, grouped_w.group(1).rowwise_data)
+
+
+def test_quantized_grouped_module_state_dict_copies_and_training_errors():
+    plain, module = plain_and_quantized_module("grouped_single")
+    other_plain, other = plain_and_quantized_module("grouped_single", seed=9)
+    x = torch.randn(sum(SPLITS), 64)
+    # A plain checkpoint loads by re-quantizing each expert; a quantized one byte for byte.
+    other.load_state_dict(plain.state_dict())
+    assert same_grouped_bytes(other.weight, module.weight)
+    other_plain2, other2 = plain_and_quantized_module("grouped_single", seed=9)
+    other2.load_state_dict(module.state_dict())
+    assert same_grouped_bytes(other2.weight, module.weight)
+    for copied in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
+        assert isinstance(copied.weight, torch.nn.Parameter)
+        assert copied.weight.num_groups == 3 and same_grouped_bytes(copied.weight, module.weight)
+        with qrecipe.autocast(DEFAULT):
+            assert torch.equal(copied(x, SPLITS), module(x, SPLITS))
+    # Outside autocast: F.linear per expert on its decoded weight; gradients reach `weight`.
+    xg = x.clone().requires_grad_()
+    y = module(xg, SPLITS)
+    decoded = module.weight.dequantize().detach()
+    want = torch.cat([F.linear(xi, wi, bi) for xi, wi, bi in zip(
+        x.split(SPLITS), decoded.split(32), module.bias.detach().split(32))])
+    assert torch.equal(y, want)
+    y.sum().backward()
+    assert type(module.weight.grad) is torch.Tensor and module.weight.grad.shape == (96, 64)
+    assert torch.equal(module.weight.grad[32:64], torch.zeros(32, 64))  # the empty expert
+    # Main-grad accumulation reaches the grouped weight's rows; .grad stays None.
+    module.zero_grad(set_to_none=True)
+    plain.zero_grad(set_to_none=True)
+    module.fuse_wgrad_accumulation = True
+    module.weight.main_grad = torch.zeros(96, 64)
+    with qrecipe.autocast(DEFAULT):
+        module(x, SPLITS).sum().backward()
+        plain(x, SPLITS).sum().backward()
+    assert module.weight.grad is None and torch.equal(module.weight.main_grad, plain.weight.grad)
+    module.weight.grad = torch.ones(96, 64)
+    with pytest.raises(RuntimeError, match="Keep FP32 master weights"):
+        torch.optim.SGD([module.weight], lr=0.1).step()
+    with pytest.raises(RuntimeError, match="in place"):
+        module.reset_parameters()
+    # A weight of the wrong number of groups is refused with what to do.
+    module.weight = torch.nn.Parameter(qrecipe.QuantizedWeight.from_tensor(
+        plain.weight, DEFAULT.quantizer("grouped_linear", "weight", "moe")))
+    with pytest.raises(RuntimeError, match="1 row group.*num_gemms=3"):
+        module(x, SPLITS)

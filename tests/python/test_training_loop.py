@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import qrecipe
-from qrecipe.nn import linear_function, weight_cache
+from qrecipe.nn import weight_cache  # weight_quantizations: conftest.py
 
 
 def make_layer(fuse=False, dtype=torch.float32, seed=1):
@@ -19,23 +19,6 @@ def batches(n, dtype=torch.float32):
     g = torch.Generator().manual_seed(7)
     return [(torch.randn(8, 32, generator=g).to(dtype), torch.randn(8, 16, generator=g).to(dtype))
             for _ in range(n)]
-
-
-@pytest.fixture
-def weight_quantizations(monkeypatch):
-    """Counts the quantizations of weight roles made by linear_function."""
-    calls = []
-    original = linear_function._quantize
-
-    def counting(quantizer, tensor, usage):
-        if ":weight@" in quantizer.role:
-            calls.append(usage)
-        return original(quantizer, tensor, usage)
-
-    monkeypatch.setattr(linear_function, "_quantize", counting)
-    weight_cache.clear()
-    weight_cache.reset_stats()
-    return calls
 
 
 def run_microbatches(layer, data, recipe, flags, one_step=True):

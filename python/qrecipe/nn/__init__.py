@@ -4,7 +4,8 @@
   LayerNormLinear   LayerNorm / RMSNorm, then a Linear        module_type layernorm_linear
   LayerNormMLP      norm -> fc1 -> activation -> fc2          module_type layernorm_mlp
   GroupedLinear     num_gemms experts on row groups of x      module_type grouped_linear
-  QuantizedModule   their shared base (roles per recipe, explain, input checks)
+  QuantizedModule   the base of all four (roles per recipe, explain, input checks,
+                    the GEMM dispatch, scaling state in state_dict)
 """
 from .base import QuantizedModule
 from .grouped_linear import GroupedLinear

@@ -31,6 +31,17 @@ _ROLE_TYPES = ("input", "weight", "grad_output")
 _GEMM_KINDS = ("fprop", "dgrad", "wgrad")
 
 
+def register_linear_parameters(module: torch.nn.Module, weight_name: str, bias_name: str,
+                               in_features: int, out_features: int, bias: bool,
+                               factory: dict) -> None:
+    """Registers an uninitialised [out, in] weight and, when `bias`, an [out] bias (else
+    `bias_name` as None, as torch.nn.Linear does) on `module`; ``factory``: device and dtype."""
+    module.register_parameter(weight_name, torch.nn.Parameter(
+        torch.empty((out_features, in_features), **factory)))
+    module.register_parameter(
+        bias_name, torch.nn.Parameter(torch.empty(out_features, **factory)) if bias else None)
+
+
 def init_linear_parameters(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
     """torch.nn.Linear's initialisation of a [out, in] weight (Kaiming-uniform) and its bias
     (uniform in +-1/sqrt(in)), drawing from torch's RNG in the same order."""
@@ -137,10 +148,13 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
     # ---------------------------------------------------------------- forward helpers
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                 gemm: str = "", is_first_microbatch: Optional[bool] = None,
-                fuse_wgrad_accumulation: bool = False) -> torch.Tensor:
+                fuse_wgrad_accumulation: bool = False,
+                weight_group: Optional[Tuple[torch.Tensor, int]] = None) -> torch.Tensor:
         """``y = x W^T + b`` for GEMM `gemm` under the active recipe: torch's F.linear when
         nothing is quantized, else the quantized GEMMs of ``quantized_linear`` (with its
-        weight caching across micro-batches and FP32 main_grad accumulation)."""
+        weight caching across micro-batches and FP32 main_grad accumulation).
+        `weight_group`: ``(parameter, index)`` when `weight` is rows of a grouped parameter
+        (the weight cache keeps its entry there)."""
         recipe = _autocast.current_recipe()
         if recipe is None:
             return F.linear(x, weight, bias)
@@ -152,7 +166,7 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
         _autocast.note_step_activity(recipe)
         return quantized_linear(x, weight, bias, roles, is_first_microbatch=is_first_microbatch,
                                 fuse_wgrad_accumulation=fuse_wgrad_accumulation,
-                                who=self._who())
+                                who=self._who(), weight_group=weight_group)
 
     def _who(self) -> str:
         kind = f"qrecipe.nn.{type(self).__name__}"

@@ -28,18 +28,23 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from .. import autocasting as _autocast
-from .base import QuantizedModule, init_linear_parameters
+from ..quantized_param import QuantizedInitMixin, QuantizedWeight
+from .base import QuantizedModule, init_linear_parameters, register_linear_parameters
 
 Splits = Union[Sequence[int], torch.Tensor]
 
 
-class GroupedLinear(QuantizedModule):
+class GroupedLinear(QuantizedInitMixin, QuantizedModule):
     """``num_gemms`` experts ``y_i = x_i W_i^T + b_i`` with quantized GEMMs under
     ``qrecipe.autocast``; ``forward(x, m_splits)``.
 
-    ``fuse_wgrad_accumulation=True`` accumulates wgrad into FP32 ``main_grad`` buffers
-    instead of ``.grad`` (docs/adapter.md): ``weight.main_grad`` [num_gemms * out, in] in the
-    single-parameter layout (expert i's rows as above), ``weight{i}.main_grad`` otherwise."""
+    Training-loop options (docs/adapter.md), in both layouts:
+    ``forward(x, m_splits, is_first_microbatch=...)`` keeps each expert's quantized weight
+    across micro-batches; ``fuse_wgrad_accumulation=True`` accumulates wgrad into FP32
+    ``main_grad`` buffers instead of ``.grad``: ``weight.main_grad`` [num_gemms * out, in] in
+    the single-parameter layout (expert i's rows as above), ``weight{i}.main_grad`` otherwise;
+    under ``qrecipe.quantized_model_init`` the weights are created quantized, each expert's
+    on its own (the single parameter becomes a grouped ``QuantizedWeight``)."""
 
     MODULE_TYPE = "grouped_linear"
 
@@ -57,31 +62,32 @@ class GroupedLinear(QuantizedModule):
         self.single_grouped_parameter = single_grouped_parameter
         self.use_bias = bias
         self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
-        if single_grouped_parameter:
-            self.weight = torch.nn.Parameter(
-                torch.empty((num_gemms * out_features, in_features), **factory))
-            if bias:
-                self.bias = torch.nn.Parameter(torch.empty(num_gemms * out_features, **factory))
-            else:
-                self.register_parameter("bias", None)
+        if single_grouped_parameter:  # experts stacked along the rows of one weight
+            register_linear_parameters(self, "weight", "bias", in_features,
+                                       num_gemms * out_features, bias, factory)
         else:
             for i in range(num_gemms):
-                setattr(self, f"weight{i}", torch.nn.Parameter(
-                    torch.empty((out_features, in_features), **factory)))
-                if bias:
-                    setattr(self, f"bias{i}",
-                            torch.nn.Parameter(torch.empty(out_features, **factory)))
-                else:
-                    self.register_parameter(f"bias{i}", None)
+                register_linear_parameters(self, f"weight{i}", f"bias{i}", in_features,
+                                           out_features, bias, factory)
         self.reset_parameters()
 
     # ---------------------------------------------------------------- experts
     def expert_weights(self) -> List[torch.Tensor]:
         """Each expert's [out, in] weight: views of ``weight`` (rows [i*out, (i+1)*out)) in
-        the single-parameter layout, the parameters ``weight{i}`` otherwise."""
-        if self.single_grouped_parameter:
-            return list(self.weight.split(self.out_features, dim=0))
-        return [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
+        the single-parameter layout, the parameters ``weight{i}`` otherwise. A grouped
+        ``QuantizedWeight`` (quantized_model_init) gives its groups: each expert's own bytes,
+        with gradients flowing back to ``weight``."""
+        if not self.single_grouped_parameter:
+            return [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
+        if isinstance(self.weight, QuantizedWeight):
+            if self.weight.num_groups != self.num_gemms:
+                raise RuntimeError(
+                    f"{self._who()}: its QuantizedWeight holds {self.weight.num_groups} row "
+                    f"group(s) but the module has num_gemms={self.num_gemms} experts, each "
+                    "quantized on its own; build it under qrecipe.quantized_model_init, or "
+                    "copy_ the values into the existing weight instead of replacing it")
+            return list(self.weight.split_groups())
+        return list(self.weight.split(self.out_features, dim=0))
 
     def expert_biases(self) -> List[Optional[torch.Tensor]]:
         if not self.use_bias:
@@ -99,6 +105,17 @@ class GroupedLinear(QuantizedModule):
 
     def gemms(self) -> Dict[str, Tuple[int, int]]:
         return {"": (self.in_features, self.out_features)}
+
+    def _quantized_weight_roles(self) -> Dict[str, Tuple[str, str, str]]:
+        """quantized_model_init: every expert's weight by the module's one weight role."""
+        role = (self.MODULE_TYPE, "weight", self.name)
+        if self.single_grouped_parameter:
+            return {"weight": role}
+        return {f"weight{i}": role for i in range(self.num_gemms)}
+
+    def _quantized_weight_groups(self, param_name: str) -> int:
+        """The single parameter is quantized per expert: one row group each."""
+        return self.num_gemms if self.single_grouped_parameter else 1
 
     def _explain_notes(self) -> List[str]:
         layout = ("one parameter 'weight', expert i at rows [i*out, (i+1)*out)"
@@ -158,23 +175,20 @@ class GroupedLinear(QuantizedModule):
 
     def forward(self, x: torch.Tensor, m_splits: Splits,
                 is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
-        """`is_first_microbatch` (weight caching across micro-batches, docs/adapter.md) needs
-        ``single_grouped_parameter=False``: the cache is keyed by the weight tensor, and the
-        single layout's per-expert views are new tensors at every call."""
-        if is_first_microbatch is not None and self.single_grouped_parameter:
-            raise ValueError(
-                f"{self._who()}: is_first_microbatch is not supported with "
-                "single_grouped_parameter=True yet (the weight cache is keyed by tensor and "
-                "the per-expert views are new each call); pass None, or build the module with "
-                "single_grouped_parameter=False")
+        """`is_first_microbatch` keeps each expert's quantized weight across micro-batches
+        (docs/adapter.md): in the single-parameter layout the entries are kept under
+        ``weight`` and the expert index, and an in-place change of ``weight`` (an optimizer
+        step) makes all of them stale."""
         weights = self.expert_weights()
         self._check_input(x, self.in_features, tuple(weights))
         splits = self._check_splits(m_splits, x)
         if self.fuse_wgrad_accumulation and self.single_grouped_parameter:
             self._attach_main_grad_views(weights)
+        grouped = self.single_grouped_parameter and not isinstance(self.weight, QuantizedWeight)
         xs = x.reshape(-1, self.in_features).split(splits, dim=0)
-        outs = [self._linear(xi, wi, bi, "", is_first_microbatch, self.fuse_wgrad_accumulation)
-                for xi, wi, bi in zip(xs, weights, self.expert_biases())]
+        outs = [self._linear(xi, wi, bi, "", is_first_microbatch, self.fuse_wgrad_accumulation,
+                             (self.weight, i) if grouped else None)
+                for i, (xi, wi, bi) in enumerate(zip(xs, weights, self.expert_biases()))]
         return torch.cat(outs, dim=0).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -15,7 +15,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from ..quantized_param import QuantizedInitMixin
-from .base import QuantizedModule, init_linear_parameters
+from .base import QuantizedModule, init_linear_parameters, register_linear_parameters
 from .normalization import (apply_norm, check_normalization, make_norm_parameters,
                             reset_norm_parameters)
 
@@ -51,11 +51,8 @@ class LayerNormLinear(QuantizedInitMixin, QuantizedModule):
         self.return_layernorm_output = return_layernorm_output
         self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
         make_norm_parameters(self, in_features, normalization, factory)
-        self.weight = torch.nn.Parameter(torch.empty((out_features, in_features), **factory))
-        if bias:
-            self.bias = torch.nn.Parameter(torch.empty(out_features, **factory))
-        else:
-            self.register_parameter("bias", None)
+        register_linear_parameters(self, "weight", "bias", in_features, out_features, bias,
+                                   factory)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

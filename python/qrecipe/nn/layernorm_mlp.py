@@ -17,7 +17,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from ..quantized_param import QuantizedInitMixin
-from .base import QuantizedModule, init_linear_parameters
+from .base import QuantizedModule, init_linear_parameters, register_linear_parameters
 from .normalization import (apply_activation, apply_norm, check_activation,
                             check_normalization, is_gated, make_norm_parameters,
                             reset_norm_parameters)
@@ -60,13 +60,10 @@ class LayerNormMLP(QuantizedInitMixin, QuantizedModule):
         fc1_out = 2 * ffn_hidden_size if is_gated(activation) else ffn_hidden_size
         make_norm_parameters(self, hidden_size, normalization, factory)
         # Registered in TransformerEngine's order (state_dict and parameters() follow it).
-        self.fc1_weight = torch.nn.Parameter(torch.empty((fc1_out, hidden_size), **factory))
-        self.register_parameter(
-            "fc1_bias", torch.nn.Parameter(torch.empty(fc1_out, **factory)) if bias else None)
-        self.fc2_weight = torch.nn.Parameter(torch.empty((hidden_size, ffn_hidden_size),
-                                                         **factory))
-        self.register_parameter(
-            "fc2_bias", torch.nn.Parameter(torch.empty(hidden_size, **factory)) if bias else None)
+        register_linear_parameters(self, "fc1_weight", "fc1_bias", hidden_size, fc1_out, bias,
+                                   factory)
+        register_linear_parameters(self, "fc2_weight", "fc2_bias", ffn_hidden_size, hidden_size,
+                                   bias, factory)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -22,7 +22,7 @@ as stored. While torch.compile traces, the plain path is one ``torch.library`` o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -212,7 +212,8 @@ def _scaling_generation() -> int:
 def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                      roles: LinearRoles, *, is_first_microbatch: Optional[bool] = None,
                      fuse_wgrad_accumulation: bool = False,
-                     who: str = "qrecipe module") -> torch.Tensor:
+                     who: str = "qrecipe module",
+                     weight_group: Optional[Tuple[torch.Tensor, int]] = None) -> torch.Tensor:
     """``y = x W^T + b`` under `roles`: the one entry every qrecipe module uses for its GEMMs.
 
     Builds the autograd graph only when something needs a gradient, so under
@@ -222,7 +223,8 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     is_first_microbatch: None quantizes the weight every call; True quantizes it and keeps the
     quantized operand, False reuses it (weight_cache.py). fuse_wgrad_accumulation: wgrad is
     accumulated into ``weight.main_grad`` (FP32) by the GEMM and the weight gets no ``.grad``.
-    `who` names the calling module in errors."""
+    `who` names the calling module in errors. `weight_group`: ``(parameter, index)`` when
+    `weight` is a view of rows of a grouped parameter (GroupedLinear), the weight cache's key."""
     if _compile_ops.AVAILABLE and torch.compiler.is_compiling():
         if is_first_microbatch is None and not fuse_wgrad_accumulation and \
                 not isinstance(weight, QuantizedWeight):
@@ -230,13 +232,13 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
         # Weight caching, main_grad and stored quantized weights run eagerly: one clean graph
         # break instead of dynamo trying to trace the engine bindings.
         return _quantized_linear_not_traced(x, weight, bias, roles, is_first_microbatch,
-                                            fuse_wgrad_accumulation, who)
+                                            fuse_wgrad_accumulation, who, weight_group)
     return _quantized_linear_eager(x, weight, bias, roles, is_first_microbatch,
-                                   fuse_wgrad_accumulation, who)
+                                   fuse_wgrad_accumulation, who, weight_group)
 
 
 def _quantized_linear_eager(x, weight, bias, roles, is_first_microbatch,
-                            fuse_wgrad_accumulation, who):
+                            fuse_wgrad_accumulation, who, weight_group):
     grad = torch.is_grad_enabled()
     need_dgrad = grad and x.requires_grad
     need_wgrad = grad and weight.requires_grad
@@ -248,7 +250,7 @@ def _quantized_linear_eager(x, weight, bias, roles, is_first_microbatch,
         weight_op = cached_weight_operand(
             weight, roles.weight, _ROWWISE | (_COLUMNWISE if need_dgrad else 0),
             is_first_microbatch, lambda q, t, u: _quantize(q, t, u), who,
-            _scaling_generation())
+            _scaling_generation(), weight_group)
     if not (need_dgrad or need_wgrad or needs_bias_grad):
         return linear_forward(x, weight, bias, roles, False, False, weight_op)[0]
     return LinearFunction.apply(x, weight, bias, roles, need_dgrad, need_wgrad, weight_op,

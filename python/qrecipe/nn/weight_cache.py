@@ -9,7 +9,10 @@ so quantizing them again for every micro-batch is wasted work. A module called w
     is_first_microbatch=None    (default) quantizes every call and keeps nothing
 
 The kept operand is keyed by the weight tensor (weakly: it goes when the weight goes) and the
-quantizer that made it (a second recipe gets its own entry). It remembers the weight's
+quantizer that made it (a second recipe gets its own entry). A weight that is rows of a larger
+parameter (GroupedLinear's single grouped parameter: each expert's view is a new tensor at
+every call) is keyed by that parameter and the group's index instead, and the parameter's
+``_version`` (which its views share) decides freshness. It remembers the weight's
 ``_version`` counter and storage address: an in-place change (an optimizer step, ``copy_``
 under ``no_grad``) or a new ``.data`` makes the entry stale, and so does a change of the
 recipe's delayed scales (``Recipe.scaling_generation``: a scaling update at the entry of the
@@ -25,7 +28,7 @@ finds it. Backward uses the kept operand as is (it is never trimmed to columnwis
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -45,14 +48,14 @@ class _Entry:
     dtype: torch.dtype
     device: torch.device
 
-    def fresh_for(self, weight: torch.Tensor, generation: int) -> bool:
-        return (self.version == weight._version and self.generation == generation
+    def fresh_for(self, weight: torch.Tensor, owner: torch.Tensor, generation: int) -> bool:
+        return (self.version == owner._version and self.generation == generation
                 and self.data_ptr == weight.data_ptr()
                 and self.shape == weight.shape and self.dtype == weight.dtype
                 and self.device == weight.device)
 
 
-# weight tensor -> {id(quantizer): _Entry}
+# weight tensor (or grouped parameter) -> {(id(quantizer), group index): _Entry}
 _cache: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
 
 # Counters for tests and for users checking that caching works.
@@ -62,27 +65,33 @@ stats: Dict[str, int] = {"quantized": 0, "reused": 0, "stale": 0}
 def cached_weight_operand(weight: torch.Tensor, quantizer, usage: int,
                           is_first_microbatch: Optional[bool],
                           quantize: Callable[[object, torch.Tensor, int], object],
-                          who: str = "qrecipe module", generation: int = 0):
+                          who: str = "qrecipe module", generation: int = 0,
+                          group: Optional[Tuple[torch.Tensor, int]] = None):
     """The quantized operand of `weight` for this call, or None when caching is off
     (``is_first_microbatch is None``: the caller quantizes as usual).
 
     `usage` is what this call needs; `quantize(quantizer, tensor, usage)` makes an operand;
     `generation` is the recipe's ``scaling_generation`` (a delayed scale changed since the
-    entry was made makes it stale)."""
+    entry was made makes it stale). `group`: ``(parameter, index)`` when `weight` is a view
+    of rows of `parameter` (one expert of a grouped weight): the entry is kept under the
+    parameter and index, and goes stale when the parameter changes."""
     if is_first_microbatch is None:
         return None
     if not isinstance(is_first_microbatch, bool):
         raise TypeError(f"{who}: is_first_microbatch must be True, False or None, got "
                         f"{is_first_microbatch!r}")
-    per_weight = _cache.get(weight)
-    entry = None if per_weight is None else per_weight.get(id(quantizer))
+    owner, index = (weight, 0) if group is None else group
+    key = (id(quantizer), index)
+    per_weight = _cache.get(owner)
+    entry = None if per_weight is None else per_weight.get(key)
     if not is_first_microbatch:
         if entry is None:
+            what = "this weight" if group is None else f"group {index} of this weight"
             raise RuntimeError(
-                f"{who}: is_first_microbatch=False but no quantized weight is cached for this "
-                f"weight under quantizer {quantizer.describe()} ({quantizer.role}); call the "
+                f"{who}: is_first_microbatch=False but no quantized weight is cached for "
+                f"{what} under quantizer {quantizer.describe()} ({quantizer.role}); call the "
                 "module with is_first_microbatch=True on the first micro-batch of each step")
-        fresh = entry.fresh_for(weight, generation)
+        fresh = entry.fresh_for(weight, owner, generation)
         if fresh and (entry.usage & usage) == usage:
             stats["reused"] += 1
             return entry.operand
@@ -96,15 +105,15 @@ def cached_weight_operand(weight: torch.Tensor, quantizer, usage: int,
     stats["quantized"] += 1
     if per_weight is None:
         per_weight = {}
-        _cache[weight] = per_weight
-    per_weight[id(quantizer)] = _Entry(operand, quantizer, usage, weight._version, generation,
-                                       weight.data_ptr(), weight.shape, weight.dtype,
-                                       weight.device)
+        _cache[owner] = per_weight
+    per_weight[key] = _Entry(operand, quantizer, usage, owner._version, generation,
+                             weight.data_ptr(), weight.shape, weight.dtype, weight.device)
     return operand
 
 
 def clear(weight: Optional[torch.Tensor] = None) -> None:
-    """Drops the kept quantized operands of `weight` (all weights when None)."""
+    """Drops the kept quantized operands of `weight` (all its groups for a grouped
+    parameter; all weights when None)."""
     if weight is None:
         _cache.clear()
     else:
