@@ -9,24 +9,23 @@
 //   4. launchers (grid arithmetic, dtype dispatch) and the entries declared in
 //      blockwise_kernels.hpp (validation, device selection)
 //
-// Exactness: the scale (scale_from_amax with the source dtype's value_for_inf), the encode
-// sat_rne(x * scale) and the decode are the QR_HD functions of blockwise_numerics.hpp that the
-// reference calls too; scale_inv = 1.0f / scale is an IEEE division; the plugin is compiled
+// Exactness: the scale (scale_from_amax with the source dtype's value_for_inf), the product
+// x * scale and the decode are the QR_HD functions / operations of blockwise_numerics.hpp that
+// the reference runs too; scale_inv = 1.0f / scale is an IEEE division; the plugin is compiled
 // with -fmad=false --ftz=false --prec-div=true (QrecipeCompileFlags.cmake). A block amax is an
 // exact max (NaN ignored by fmaxf), so neither its reduction order nor the zeros that pad a
 // partial tile change it.
 //
-// Quantize design (one pass, both directions): a CTA owns a 128 x 128 tile of the source
-// (one 1x128 block per tile row, one 128x1 block per tile column, or the one 128x128 tile) and
-// holds it in registers, 64 elements per thread read with 16-byte loads.
-//   1x128 rowwise     amax across the lanes of one row (a shuffle), encode, store row-major
-//   1x128 columnwise  per-column amaxes through shared memory, encode into a shared code tile
-//   128x128           one block-wide amax; the codes are computed once, stored row-major and
-//                     into the code tile (the columnwise copy is their transpose)
-// The code tile then goes out transposed: each warp writes 128 consecutive bytes of one row of
-// the [cols, rows] columnwise data. Bytes moved per element, both directions: the source once
-// (4 B f32 / 2 B bf16), 1 B rowwise + 1 B columnwise data, and 8/128 B (1x128) or
-// 8/16384 B (128x128) of scale_inv.
+// Quantize design (one pass, both directions; details above quantize_kernel): a CTA of 16
+// warps owns a 128 x 128 tile, each warp a 32 x 32 warp tile in registers (4 rows x 8 columns a
+// lane, one 16-byte load a row). Block amaxes: warp shuffles, then the 4 (or 16) warps of a
+// tile row / column / tile through shared memory; each scale is computed once and published.
+// The sat_rne(x * scale) is the hardware cvt.rn.satfinite of qrecipe/fast_conversions.cuh, equal
+// to num::f32_to_e4m3 on every FP32 input (tests/gpu/test_gpu_conversions), with the
+// reference's NaN code where a lane holds a NaN. The transposed columnwise data needs no code
+// tile: a lane's 4 rows of one column are 4 consecutive bytes of one output row. Bytes moved per
+// element, both directions: the source once (4 B f32 / 2 B bf16), 1 B rowwise + 1 B columnwise
+// data, and 8/128 B (1x128) or 8/16384 B (128x128) of scale_inv.
 #include "blockwise_kernels.hpp"
 
 #include <cuda_runtime.h>
@@ -63,9 +62,11 @@ using sdk::cuda::block_max;
 using sdk::cuda::grid_for;
 using sdk::cuda::is_aligned;
 using sdk::cuda::kRunLength;
-using sdk::cuda::load_run;
-using sdk::cuda::store_codes;
-using sdk::cuda::store_floats_shared;
+using sdk::cuda::Raw8;
+using sdk::cuda::decode_raw8;
+using sdk::cuda::load_raw8;
+using sdk::cuda::store_bytes4;
+using sdk::cuda::store_bytes8;
 using sdk::cuda::valid_in_run;
 
 struct F16Out {
@@ -90,34 +91,27 @@ struct ScaleGeometry {
 
 // ---------------------------------------------------------------- 3. kernels
 
-// Fused quantize of both directions. One CTA per kRows x kCols tile of the [rows, cols]
-// source; thread t owns the run of kRun columns starting at run_col = (t % kThreadsPerRow) *
-// kRun in tile rows pass_row + pass * kRowsPerPass (pass_row = t / kThreadsPerRow).
+// Fused quantize of both directions. One CTA of 16 warps per 128 x 128 tile of the source;
+// warp (wy, wx) holds the 32 x 32 warp tile at rows 32 wy, columns 32 wx in the layout of
+// cuda_sdk.cuh (lane 4 rg + cg: rows 4 rg .. 4 rg + 3, columns 8 cg .. 8 cg + 7), read with one
+// 16-byte load per row (f32: two).
+//   amaxes   rows: a shuffle over the 4 lanes of a row, then the 4 warps of a tile row through
+//            shared memory; columns: a shuffle reduce-scatter over the 8 lanes of a column,
+//            then the 4 warps of a tile column; 128x128: a warp max, then the 16 warps
+//   scales   one thread per tile row (rowwise) and per tile column (columnwise), or thread 0
+//            (128x128), computes scale and scale_inv once and publishes the scale
+//   codes    rowwise: 8 codes per row and lane, one 8-byte store; columnwise (transposed
+//            [cols, rows]): per column the lane's 4 rows are 4 consecutive bytes of one
+//            output row, one 4-byte store; 8 lanes of a column write 32 contiguous bytes
+// Two barriers per CTA; no code tile in shared memory.
 template <class In>
 struct QuantizeTile {
-  static constexpr int kRun = kRunLength<In>;                     // f32: 4, bf16/f16: 8
-  static constexpr int kRows = kBlock;                            // 128: one 128x1 block per column
-  static constexpr int kCols = kBlock;                            // 128: one 1x128 block per row
-  static constexpr int kThreads = 256;
-  static constexpr int kThreadsPerRow = kCols / kRun;             // 32 or 16
-  static constexpr int kRowsPerPass = kThreads / kThreadsPerRow;  // 8 or 16
-  static constexpr int kPasses = kRows / kRowsPerPass;            // 16 or 8 (x kRun = 64 each)
-  // The columnwise code tile goes out in runs of kOutRun rows down one tile column: a warp
-  // covers the 128 rows of a column (one 128-byte row of the transposed output).
-  static constexpr int kOutRun = 4;
-  static constexpr int kThreadsPerCol = kRows / kOutRun;          // 32
-  static constexpr int kColsPerPass = kThreads / kThreadsPerCol;  // 8
-  static constexpr int kColPasses = kCols / kColsPerPass;         // 16
-  // An odd pitch puts the 4 rows x 32 lanes a warp reads down a column in 32 distinct banks
-  // (lane l starts at byte 4 * l * 129, word 129 * l, bank l).
-  static constexpr int kPitch = kCols + 1;
-  static_assert(kRows % kRowsPerPass == 0, "passes cover the tile exactly");
-  static_assert(32 % kThreadsPerRow == 0,
-                "a tile row lies within one warp, so a 1x128 block's lanes can shuffle");
-  static_assert(kThreadsPerCol == 32 && kCols % kColsPerPass == 0,
-                "one warp per output row run; passes cover the tile's columns");
-  static_assert(kThreads >= kCols, "the columnwise reduction uses one thread per column");
-  static_assert(kRun % 4 == 0 && kOutRun % 4 == 0, "code runs are whole 32-bit words");
+  static constexpr int kRows = kBlock;  // 128: one 128x1 block per column
+  static constexpr int kCols = kBlock;  // 128: one 1x128 block per row
+  static constexpr int kWarpsY = kRows / 32, kWarpsX = kCols / 32;
+  static constexpr int kThreads = 32 * kWarpsY * kWarpsX;  // 512
+  // 2 CTAs (32 warps) per SM: registers capped at 64 a thread.
+  static constexpr int kMinBlocksPerSM = 2;
 };
 
 template <class In>
@@ -133,8 +127,8 @@ struct QuantizeParams {
   std::uint8_t* columnwise_data;  // nullptr: columnwise not requested
   float* columnwise_scale_inv;
   std::int64_t columnwise_scale_ld;
-  bool load_aligned;              // cols % kRun == 0 and src 16-byte aligned
-  bool rowwise_store_aligned;     // cols % 4 == 0 and rowwise data 4-byte aligned
+  bool load_aligned;              // cols % 8 == 0 and src 16-byte aligned
+  bool rowwise_store_aligned;     // cols % 8 == 0 and rowwise data 8-byte aligned
   bool columnwise_store_aligned;  // rows % 4 == 0 and columnwise data 4-byte aligned
 };
 
@@ -143,137 +137,164 @@ __device__ __forceinline__ float block_scale_of(const QuantizeParams<In>& p, flo
   return num_bw::block_scale(amax, p.pow2_scales, p.amax_epsilon, p.value_for_inf);
 }
 
+// E4M3 codes of two products (lo in bits 0..7): num_bw::encode = f32_to_e4m3(x * scale). The
+// hardware conversion equals f32_to_e4m3 on every non-NaN input (test_gpu_conversions);
+// `has_nan` (the lane holds a NaN source element; scales are finite, so only those products
+// are NaN) adds the reference's canonical NaN 0x7F, as num::fast::f32x2_to_e4m3x2 does.
+__device__ __forceinline__ std::uint32_t encode_pair(float lo, float hi, bool has_nan) {
+  const std::uint32_t codes = num::fast::hardware_e4m3x2(lo, hi);
+  return has_nan ? num::fast::canonical_nan_pair(codes, lo, hi) : codes;
+}
+
 template <class In, bool kTile128x128>
-__global__ void __launch_bounds__(QuantizeTile<In>::kThreads)
+__global__ void __launch_bounds__(QuantizeTile<In>::kThreads, QuantizeTile<In>::kMinBlocksPerSM)
     quantize_kernel(const QuantizeParams<In> p) {
   using T = QuantizeTile<In>;
-  constexpr int N = T::kRun;
-  // 1x128 columnwise: each thread's max per column over its rows, then the column scales.
-  __shared__ alignas(16) float col_partial[T::kRowsPerPass][T::kCols];
-  __shared__ float col_scale[T::kCols];
-  // Columnwise codes of the tile, row-major, read down the columns for the transposed store.
-  __shared__ std::uint8_t col_codes[T::kRows][T::kPitch];
+  constexpr int R = sdk::cuda::kTileRowsPerLane, C = sdk::cuda::kTileColsPerLane;
+  __shared__ float row_part[T::kWarpsX][T::kRows];  // per warp column: max of each tile row
+  __shared__ float col_part[T::kWarpsY][T::kCols];  // per warp row: max of each tile column
+  __shared__ float row_scale[T::kRows], col_scale[T::kCols];
+  __shared__ float warp_max[T::kWarpsY * T::kWarpsX];
+  __shared__ float tile_scale;
 
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int rg = lane / 4, cg = lane % 4;
+  const int wy = warp / T::kWarpsX, wx = warp % T::kWarpsX;
   const std::int64_t tile_row = blockIdx.x / p.tiles_per_row;
   const std::int64_t tile_col = blockIdx.x % p.tiles_per_row;
   const std::int64_t row0 = tile_row * T::kRows, col0 = tile_col * T::kCols;
-  const int run_col = static_cast<int>(threadIdx.x % T::kThreadsPerRow) * N;
-  const int pass_row = static_cast<int>(threadIdx.x / T::kThreadsPerRow);
-  const int valid_cols = valid_in_run(col0 + run_col, p.cols, N);
+  const int lane_row = wy * 32 + rg * R;  // within the tile
+  const int lane_col = wx * 32 + cg * C;
+  const std::int64_t col = col0 + lane_col;
+  const int valid_cols = valid_in_run(col, p.cols, C);
 
-  // Phase 1: the tile into registers; rows and columns outside the tensor read as 0.
-  float x[T::kPasses][N];
+  Raw8<In> raw[R];
 #pragma unroll
-  for (int pass = 0; pass < T::kPasses; ++pass) {
-    const std::int64_t r = row0 + pass_row + pass * T::kRowsPerPass;
+  for (int i = 0; i < R; ++i) {
+    const std::int64_t r = row0 + lane_row + i;
     const int valid = r < p.rows ? valid_cols : 0;
-    load_run<In, N>(p.src, r * p.cols + col0 + run_col, valid, p.load_aligned && valid == N,
-                    x[pass]);
+    load_raw8<In>(p.src, r * p.cols + col, valid, p.load_aligned && valid == C, raw[i]);
   }
+  float x[R][C];
+  bool has_nan = false;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    decode_raw8<In>(raw[i], x[i]);
+#pragma unroll
+    for (int k = 0; k < C; ++k) has_nan |= x[i][k] != x[i][k];
+  }
+  const bool want_row = p.rowwise_data != nullptr, want_col = p.columnwise_data != nullptr;
 
+  // Partial amaxes into shared memory (rows and columns outside the tensor hold +0).
   if constexpr (kTile128x128) {
-    // Phase 2: one amax, one scale for the whole tile; the codes serve both directions.
-    float amax = 0.0f;
+    float m = 0.0f;
 #pragma unroll
-    for (int pass = 0; pass < T::kPasses; ++pass)
+    for (int i = 0; i < R; ++i)
 #pragma unroll
-      for (int k = 0; k < N; ++k) amax = amax_of(amax, x[pass][k]);
-    amax = block_max<T::kThreads>(amax);
-    const float scale = block_scale_of(p, amax);
-    if (threadIdx.x == 0) {
+      for (int k = 0; k < C; ++k) m = amax_of(m, x[i][k]);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+      m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
+    if (lane == 0) warp_max[warp] = m;
+  } else {
+    if (want_row) {
+      float m[R];
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        m[i] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < C; ++k) m[i] = amax_of(m[i], x[i][k]);
+        m[i] = sdk::cuda::max_over_row_lanes(m[i]);
+      }
+      float mine = m[0];  // lane cg publishes row 4 rg + cg (the 4 lanes agree on all 4)
+#pragma unroll
+      for (int i = 1; i < R; ++i) mine = cg == i ? m[i] : mine;
+      row_part[wx][lane_row + cg] = mine;
+    }
+    if (want_col) {
+      float colmax[C];
+#pragma unroll
+      for (int k = 0; k < C; ++k) {
+        colmax[k] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < R; ++i) colmax[k] = amax_of(colmax[k], x[i][k]);
+      }
+      col_part[wy][wx * 32 + cg * C + rg] = sdk::cuda::max_over_column_lanes_scatter(colmax);
+    }
+  }
+  __syncthreads();
+
+  // Scales, each computed once: scale for the codes, scale_inv = 1 / scale (IEEE) stored.
+  const int t = static_cast<int>(threadIdx.x);
+  if constexpr (kTile128x128) {
+    if (t == 0) {
+      float amax = 0.0f;
+#pragma unroll
+      for (int w = 0; w < T::kWarpsY * T::kWarpsX; ++w) amax = fmaxf(amax, warp_max[w]);
+      const float scale = block_scale_of(p, amax);
+      tile_scale = scale;
       const float scale_inv = 1.0f / scale;
-      if (p.rowwise_data != nullptr)  // [tile_row][tile_col]
+      if (want_row)  // [tile_row][tile_col]
         p.rowwise_scale_inv[tile_row * p.rowwise_scale_ld + tile_col] = scale_inv;
-      if (p.columnwise_data != nullptr)  // transposed grid: [tile_col][tile_row]
+      if (want_col)  // transposed grid: [tile_col][tile_row]
         p.columnwise_scale_inv[tile_col * p.columnwise_scale_ld + tile_row] = scale_inv;
     }
-#pragma unroll
-    for (int pass = 0; pass < T::kPasses; ++pass) {
-      const int tr = pass_row + pass * T::kRowsPerPass;
-      std::uint8_t codes[N];
-#pragma unroll
-      for (int k = 0; k < N; ++k) codes[k] = num_bw::encode(x[pass][k], scale);
-      if (p.rowwise_data != nullptr && row0 + tr < p.rows && valid_cols > 0)
-        store_codes<N>(p.rowwise_data, (row0 + tr) * p.cols + col0 + run_col, valid_cols,
-                       p.rowwise_store_aligned && valid_cols == N, codes);
-      if (p.columnwise_data != nullptr)
-#pragma unroll
-        for (int k = 0; k < N; ++k) col_codes[tr][run_col + k] = codes[k];
-    }
   } else {
-    // Phase 2, 1x128 rowwise: the row's amax over its kThreadsPerRow lanes, scale, encode.
-    if (p.rowwise_data != nullptr) {
+    if (want_row && t < T::kRows) {
+      float amax = 0.0f;
 #pragma unroll
-      for (int pass = 0; pass < T::kPasses; ++pass) {
-        float amax = 0.0f;
-#pragma unroll
-        for (int k = 0; k < N; ++k) amax = amax_of(amax, x[pass][k]);
-#pragma unroll
-        for (int offset = T::kThreadsPerRow / 2; offset > 0; offset >>= 1)
-          amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
-        const float scale = block_scale_of(p, amax);
-        const std::int64_t r = row0 + pass_row + pass * T::kRowsPerPass;
-        if (r >= p.rows) continue;
-        if (run_col == 0)  // stored transposed: [column block][row]
-          p.rowwise_scale_inv[tile_col * p.rowwise_scale_ld + r] = 1.0f / scale;
-        if (valid_cols == 0) continue;
-        std::uint8_t codes[N];
-#pragma unroll
-        for (int k = 0; k < N; ++k) codes[k] = num_bw::encode(x[pass][k], scale);
-        store_codes<N>(p.rowwise_data, r * p.cols + col0 + run_col, valid_cols,
-                       p.rowwise_store_aligned && valid_cols == N, codes);
-      }
+      for (int w = 0; w < T::kWarpsX; ++w) amax = fmaxf(amax, row_part[w][t]);
+      const float scale = block_scale_of(p, amax);
+      row_scale[t] = scale;
+      if (row0 + t < p.rows)  // stored transposed: [column block][row]
+        p.rowwise_scale_inv[tile_col * p.rowwise_scale_ld + row0 + t] = 1.0f / scale;
     }
-    // Phase 3, 1x128 columnwise (128x1 blocks): column amaxes through shared memory, encode
-    // into the code tile with each column's own scale.
-    if (p.columnwise_data != nullptr) {
-      float partial[N];
+    const int c = t - T::kRows;
+    if (want_col && c >= 0 && c < T::kCols) {
+      float amax = 0.0f;
 #pragma unroll
-      for (int k = 0; k < N; ++k) partial[k] = 0.0f;
-#pragma unroll
-      for (int pass = 0; pass < T::kPasses; ++pass)
-#pragma unroll
-        for (int k = 0; k < N; ++k) partial[k] = amax_of(partial[k], x[pass][k]);
-      store_floats_shared<N>(&col_partial[pass_row][run_col], partial);
-      __syncthreads();
-      if (threadIdx.x < T::kCols) {
-        const int c = static_cast<int>(threadIdx.x);
-        float amax = 0.0f;
-#pragma unroll
-        for (int g = 0; g < T::kRowsPerPass; ++g) amax = fmaxf(amax, col_partial[g][c]);
-        const float scale = block_scale_of(p, amax);
-        col_scale[c] = scale;
-        if (col0 + c < p.cols)  // [row block][column]
-          p.columnwise_scale_inv[tile_row * p.columnwise_scale_ld + col0 + c] = 1.0f / scale;
-      }
-      __syncthreads();
-#pragma unroll
-      for (int pass = 0; pass < T::kPasses; ++pass) {
-        const int tr = pass_row + pass * T::kRowsPerPass;
-#pragma unroll
-        for (int k = 0; k < N; ++k)
-          col_codes[tr][run_col + k] = num_bw::encode(x[pass][k], col_scale[run_col + k]);
-      }
+      for (int w = 0; w < T::kWarpsY; ++w) amax = fmaxf(amax, col_part[w][c]);
+      const float scale = block_scale_of(p, amax);
+      col_scale[c] = scale;
+      if (col0 + c < p.cols)  // [row block][column]
+        p.columnwise_scale_inv[tile_row * p.columnwise_scale_ld + col0 + c] = 1.0f / scale;
     }
   }
+  __syncthreads();
 
-  // Last phase, columnwise: the code tile out transposed, columnwise[c][r] = codes[r][c]; a
-  // thread writes kOutRun consecutive rows of one tile column.
-  if (p.columnwise_data != nullptr) {
-    __syncthreads();
-    constexpr int R = T::kOutRun;
-    const int run_row = static_cast<int>(threadIdx.x % T::kThreadsPerCol) * R;
-    const int valid_rows = valid_in_run(row0 + run_row, p.rows, R);
-    if (valid_rows == 0) return;  // no barrier follows
+  if (want_row) {
 #pragma unroll
-    for (int pass = 0; pass < T::kColPasses; ++pass) {
-      const int c = static_cast<int>(threadIdx.x / T::kThreadsPerCol) + pass * T::kColsPerPass;
-      if (col0 + c >= p.cols) break;  // later passes only go further right
-      std::uint8_t codes[R];
+    for (int i = 0; i < R; ++i) {
+      const float scale = kTile128x128 ? tile_scale : row_scale[lane_row + i];
+      float y[C];
 #pragma unroll
-      for (int k = 0; k < R; ++k) codes[k] = col_codes[run_row + k][c];
-      store_codes<R>(p.columnwise_data, (col0 + c) * p.rows + row0 + run_row, valid_rows,
-                     p.columnwise_store_aligned && valid_rows == R, codes);
+      for (int k = 0; k < C; ++k) y[k] = x[i][k] * scale;
+      const std::uint32_t lo =
+          encode_pair(y[0], y[1], has_nan) | (encode_pair(y[2], y[3], has_nan) << 16);
+      const std::uint32_t hi =
+          encode_pair(y[4], y[5], has_nan) | (encode_pair(y[6], y[7], has_nan) << 16);
+      const std::int64_t r = row0 + lane_row + i;
+      if (r < p.rows && valid_cols > 0)
+        store_bytes8(p.rowwise_data, r * p.cols + col, valid_cols,
+                     p.rowwise_store_aligned && valid_cols == C, lo, hi);
+    }
+  }
+  if (want_col) {
+    // Transposed: columnwise[c][r] = code of (r, c); the lane's 4 rows of column c are 4
+    // consecutive bytes of output row c.
+    const std::int64_t r = row0 + lane_row;
+    const int valid_rows = valid_in_run(r, p.rows, R);
+#pragma unroll
+    for (int k = 0; k < C; ++k) {
+      const float scale = kTile128x128 ? tile_scale : col_scale[lane_col + k];
+      float y[R];
+#pragma unroll
+      for (int i = 0; i < R; ++i) y[i] = x[i][k] * scale;
+      const std::uint32_t word =
+          encode_pair(y[0], y[1], has_nan) | (encode_pair(y[2], y[3], has_nan) << 16);
+      if (k < valid_cols && valid_rows > 0)
+        store_bytes4(p.columnwise_data, (col + k) * p.rows + r, valid_rows,
+                     p.columnwise_store_aligned && valid_rows == R, word);
     }
   }
 }
@@ -405,10 +426,11 @@ void launch_quantize(const QuantizeArgs& a) {
   p.columnwise_data = a.columnwise_data;
   p.columnwise_scale_inv = a.columnwise_scale_inv;
   p.columnwise_scale_ld = a.columnwise_scale_ld;
-  p.load_aligned = a.cols % T::kRun == 0 && is_aligned(a.src, 16);
-  // Row runs start at multiples of kRun (a multiple of 4) within a row of `cols` bytes, and
-  // column runs at multiples of kOutRun within a row of `rows` bytes of the transposed data.
-  p.rowwise_store_aligned = a.cols % 4 == 0 && is_aligned(a.rowwise_data, 4);
+  // Row runs start at multiples of 8 within a row: with cols % 8 == 0 every run starts
+  // 16-byte (source) and 8-byte (codes) aligned when the buffers do; column runs start at
+  // multiples of 4 within a row of `rows` bytes of the transposed data.
+  p.load_aligned = a.cols % 8 == 0 && is_aligned(a.src, 16);
+  p.rowwise_store_aligned = a.cols % 8 == 0 && is_aligned(a.rowwise_data, 8);
   p.columnwise_store_aligned = a.rows % 4 == 0 && is_aligned(a.columnwise_data, 4);
   const std::int64_t tiles = ceil_div(a.rows, T::kRows) * p.tiles_per_row;
   QR_CHECK(tiles <= INT_MAX, "blockwise CUDA quantize: ", a.rows, " x ", a.cols, " needs ",

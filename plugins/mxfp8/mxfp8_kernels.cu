@@ -2,25 +2,26 @@
 //
 // Map of this file (STYLE.md rule 11: helpers, kernels, launchers, entries):
 //   1. error checking, device guard, element traits (input dtypes, FP8 codes, output dtypes)
-//   2. device helpers: 16-byte run loads, packed code stores, block max, atomic max
+//   2. device helpers: 8-element runs and warp tiles (qrecipe/cuda_sdk.cuh), the run encoder
 //   3. kernels: fused rowwise + columnwise quantize, dequantize, amax reduction
 //   4. launchers (grid arithmetic, dtype dispatch) and the entries declared in
 //      mxfp8_kernels.hpp (validation, device selection)
 //
-// Exactness: the block exponent, the element encode and the decode are the QR_HD functions of
+// Exactness: the block exponent, the element scaling and the decode are the QR_HD functions of
 // mxfp8_numerics.hpp that the reference calls too (one FP32 multiply by fl32(1/fmax), E8M0
-// round-up, sat_rne(x * 2^(127-e)), q * 2^(e-127)), and the plugin is compiled with
-// -fmad=false --ftz=false --prec-div=true (QrecipeCompileFlags.cmake), so the device performs
-// the same IEEE operations. A block amax is an exact max (NaN ignored by fmaxf), so neither
-// its reduction order nor the zeros that pad a partial tile change it.
+// round-up, x * 2^(127-e), q * 2^(e-127)), and the plugin is compiled with -fmad=false
+// --ftz=false --prec-div=true (QrecipeCompileFlags.cmake), so the device performs the same IEEE
+// operations. The sat_rne of the scaled element is the hardware cvt.rn.satfinite of
+// qrecipe/fast_conversions.cuh, equal to num::f32_to_e4m3 / f32_to_e5m2 on every FP32 input
+// (tests/gpu/test_gpu_conversions, all 2^32 inputs), with the reference's NaN code applied to
+// the runs that hold a NaN. A block amax is an exact max (NaN ignored by fmaxf), so neither its
+// reduction order nor the zeros that pad a partial tile change it.
 //
-// Quantize design (one pass, both directions): a CTA owns a 64 x 128 tile of the source and
-// holds it in registers (32 elements per thread, read with 16-byte loads). The rowwise 1x32
-// blocks are reduced across the 8 (f32) or 4 (bf16/f16) lanes that hold one block; the
-// columnwise 32x1 blocks are reduced through shared memory (each thread's partial max per
-// column, then one thread per (column block, column)). Both directions are then encoded from
-// the same registers and written row-major, as 32-bit words where aligned. Bytes moved per
-// element, both directions: the source once (4 B f32 / 2 B bf16), 1 B rowwise + 1 B
+// Quantize design (one pass, both directions; details above quantize_kernel): 32 x 32 warp
+// tiles, 4 rows x 8 columns a lane read with one 16-byte load a row; both block amaxes are warp
+// shuffles (1x32: the 4 lanes of a row; 32x1: a reduce-scatter over the 8 lanes of a column),
+// so the only shared memory is the CTA's rowwise scale bytes, stored 8 to a word. Bytes moved
+// per element, both directions: the source once (4 B f32 / 2 B bf16), 1 B rowwise + 1 B
 // columnwise data, and 2/32 B of scales.
 #include "mxfp8_kernels.hpp"
 
@@ -58,9 +59,10 @@ using sdk::cuda::block_max;
 using sdk::cuda::grid_for;
 using sdk::cuda::is_aligned;
 using sdk::cuda::kRunLength;
-using sdk::cuda::load_run;
-using sdk::cuda::store_codes;
-using sdk::cuda::store_floats_shared;
+using sdk::cuda::Raw8;
+using sdk::cuda::decode_raw8;
+using sdk::cuda::load_raw8;
+using sdk::cuda::store_bytes8;
 using sdk::cuda::valid_in_run;
 
 // FP8 element types: which encoder and which fl32(1/fmax).
@@ -79,138 +81,181 @@ constexpr int kBlock = 32;  // elements per MX block (ref::kBlockSize)
 
 // ---------------------------------------------------------------- 3. kernels
 
-// Fused quantize of both directions. One CTA per kRows x kCols tile of the [rows, cols]
-// source; thread t owns the run of kRun columns starting at run_col = (t % kThreadsPerRow) *
-// kRun in tile rows pass_row + pass * kRowsPerPass (pass_row = t / kThreadsPerRow).
+// Fused quantize of both directions. A warp quantizes 32 x 32 warp tiles (layout: the warp
+// tile section of cuda_sdk.cuh: lane 4 rg + cg holds rows 4 rg .., columns 8 cg ..), so a 1x32
+// rowwise block is one row of 4 lanes and a 32x1 columnwise block one column of 8 lanes: both
+// amaxes are warp shuffles, no shared memory and no barrier. A CTA is kWarps warps side by side
+// (a 32 x 256 strip per row tile) and each warp first loads kRowTiles warp tiles stacked down
+// the rows (8 or 16 16-byte loads in flight per lane), then quantizes them one by one.
 template <class In>
 struct QuantizeTile {
-  static constexpr int kRun = kRunLength<In>;                      // f32: 4, bf16/f16: 8
-  static constexpr int kRows = 64;                                 // 2 columnwise blocks
-  static constexpr int kCols = 128;                                // 4 rowwise blocks per row
-  static constexpr int kThreads = 256;
-  static constexpr int kThreadsPerRow = kCols / kRun;              // 32 or 16
-  static constexpr int kRowsPerPass = kThreads / kThreadsPerRow;   // 8 or 16
-  static constexpr int kPasses = kRows / kRowsPerPass;             // 8 or 4 (x kRun = 32 each)
-  static constexpr int kLanesPerRowBlock = kBlock / kRun;          // 8 or 4 lanes per 1x32
-  static constexpr int kColBlocks = kRows / kBlock;                // 2
-  static constexpr int kPassesPerColBlock = kBlock / kRowsPerPass; // 4 or 2 passes per 32x1
-  static_assert(kCols % kBlock == 0 && kRows % kBlock == 0, "tiles hold whole blocks");
-  static_assert(32 % kThreadsPerRow == 0,
-                "a tile row lies within one warp, so a 1x32 block's lanes can shuffle");
-  static_assert(kThreadsPerRow % kLanesPerRowBlock == 0 &&
-                    (kLanesPerRowBlock & (kLanesPerRowBlock - 1)) == 0,
-                "the lanes of a 1x32 block are an aligned power-of-two group");
-  static_assert(kRows % kRowsPerPass == 0 && kBlock % kRowsPerPass == 0,
-                "passes cover the tile and split evenly into 32-row column blocks");
-  static_assert(kColBlocks * kCols == kThreads,
-                "the columnwise reduction uses one thread per (column block, column)");
+  static constexpr int kWarps = 8;
+  static constexpr int kThreads = 32 * kWarps;
+  // Warp tiles loaded ahead per warp: 16 bytes x 4 runs x kRowTiles in flight per lane (an
+  // f32 run is two 16-byte loads already).
+  static constexpr int kRowTiles = sizeof(typename In::Storage) == 4 ? 1 : 2;
+  static constexpr int kRows = 32 * kRowTiles;  // CTA tile: 64 x 256 (f32: 32 x 256)
+  static constexpr int kCols = 32 * kWarps;
+  // Registers capped at 85 a thread: 3 CTAs (24 warps) per SM keep enough loads in flight.
+  static constexpr int kMinBlocksPerSM = 3;
+  static_assert(kBlock == 32, "a warp tile is one block high and one block wide");
+  static_assert(kWarps == 8, "a CTA row of rowwise scales is one 8-byte word");
 };
 
 template <class In>
 struct QuantizeParams {
   const typename In::Storage* src;
   std::int64_t rows, cols;
-  std::int64_t tiles_per_row;  // ceil(cols / kCols)
+  std::int64_t tiles_per_row;  // ceil(cols / QuantizeTile<In>::kCols)
   std::uint8_t* rowwise_data;  // nullptr: rowwise not requested
   std::uint8_t* rowwise_scale;
   std::int64_t rowwise_scale_ld;
   std::uint8_t* columnwise_data;  // nullptr: columnwise not requested
   std::uint8_t* columnwise_scale;
   std::int64_t columnwise_scale_ld;
-  bool load_aligned;              // cols % kRun == 0 and src 16-byte aligned
-  bool rowwise_store_aligned;     // cols % 4 == 0 and rowwise data 4-byte aligned
-  bool columnwise_store_aligned;  // cols % 4 == 0 and columnwise data 4-byte aligned
+  bool load_aligned;              // cols % 8 == 0 and src 16-byte aligned
+  bool rowwise_store_aligned;     // cols % 8 == 0 and rowwise data 8-byte aligned
+  bool columnwise_store_aligned;  // cols % 8 == 0 and columnwise data 8-byte aligned
+  bool rowwise_scale_aligned;     // rowwise_scale_ld % 8 == 0 and rowwise scale 8-byte aligned
 };
 
+// The codes of x[k] * factor[k] (num_mx::encode: one FP32 multiply by 2^(127-e), then
+// sat_rne), as two little-endian words. The hardware conversion equals num::f32_to_e4m3 /
+// f32_to_e5m2 on every non-NaN input (test_gpu_conversions); `has_nan` (some x[k] is NaN, so
+// some product is: the factors are finite) adds the reference's canonical NaN 0x7F, exactly
+// as num::fast::f32x2_to_e4m3x2 does.
+template <class Codes>
+__device__ __forceinline__ void encode_run(const float (&x)[8], const float (&factor)[8],
+                                           bool has_nan, std::uint32_t& lo, std::uint32_t& hi) {
+  float y[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) y[k] = x[k] * factor[k];
+  std::uint32_t pair[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    pair[k] = Codes::kE4M3 ? num::fast::hardware_e4m3x2(y[2 * k], y[2 * k + 1])
+                           : num::fast::hardware_e5m2x2(y[2 * k], y[2 * k + 1]);
+  if (has_nan) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      pair[k] = num::fast::canonical_nan_pair(pair[k], y[2 * k], y[2 * k + 1]);
+  }
+  lo = pair[0] | (pair[1] << 16);
+  hi = pair[2] | (pair[3] << 16);
+}
+
 template <class In, class Codes>
-__global__ void __launch_bounds__(QuantizeTile<In>::kThreads)
+__global__ void __launch_bounds__(QuantizeTile<In>::kThreads, QuantizeTile<In>::kMinBlocksPerSM)
     quantize_kernel(const QuantizeParams<In> p) {
   using T = QuantizeTile<In>;
-  constexpr int N = T::kRun;
-  // Columnwise: each thread's max per column over its rows of one 32-row block, then the
-  // block exponent of every (column block, column) of the tile.
-  __shared__ alignas(16) float col_partial[T::kColBlocks][T::kRowsPerPass][T::kCols];
-  __shared__ std::uint8_t col_exponent[T::kColBlocks][T::kCols];
-
+  constexpr int R = sdk::cuda::kTileRowsPerLane, C = sdk::cuda::kTileColsPerLane;
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int rg = lane / 4, cg = lane % 4;
   const std::int64_t row0 = (blockIdx.x / p.tiles_per_row) * T::kRows;
-  const std::int64_t col0 = (blockIdx.x % p.tiles_per_row) * T::kCols;
-  const int run_col = static_cast<int>(threadIdx.x % T::kThreadsPerRow) * N;
-  const int pass_row = static_cast<int>(threadIdx.x / T::kThreadsPerRow);
-  const int valid_cols = valid_in_run(col0 + run_col, p.cols, N);
+  const std::int64_t tile_col = (blockIdx.x % p.tiles_per_row) * T::kCols + warp * 32;
+  const std::int64_t col = tile_col + cg * C;  // this lane's first column
+  const int valid_cols = valid_in_run(col, p.cols, C);
 
-  // Phase 1: the tile into registers; rows and columns outside the tensor read as 0.
-  float x[T::kPasses][N];
-#pragma unroll
-  for (int pass = 0; pass < T::kPasses; ++pass) {
-    const std::int64_t r = row0 + pass_row + pass * T::kRowsPerPass;
-    const int valid = r < p.rows ? valid_cols : 0;
-    load_run<In, N>(p.src, r * p.cols + col0 + run_col, valid, p.load_aligned && valid == N,
-                    x[pass]);
-  }
+  // Rowwise scales of the CTA tile, [tile row][warp], stored row by row at the end: kWarps
+  // adjacent bytes of a scale row in one store instead of kWarps one-byte stores.
+  __shared__ alignas(8) std::uint8_t row_scales[T::kRows][T::kWarps];
 
-  // Phase 2, rowwise: the 1x32 block amax over its lanes, exponent, encode, store.
-  if (p.rowwise_data != nullptr) {
+  // Every run of every row tile in flight before the first is used.
+  Raw8<In> raw[T::kRowTiles][R];
 #pragma unroll
-    for (int pass = 0; pass < T::kPasses; ++pass) {
-      float amax = 0.0f;
+  for (int t = 0; t < T::kRowTiles; ++t)
 #pragma unroll
-      for (int k = 0; k < N; ++k) amax = amax_of(amax, x[pass][k]);
+    for (int i = 0; i < R; ++i) {
+      const std::int64_t r = row0 + t * 32 + rg * R + i;
+      const int valid = r < p.rows ? valid_cols : 0;
+      load_raw8<In>(p.src, r * p.cols + col, valid, p.load_aligned && valid == C, raw[t][i]);
+    }
+
 #pragma unroll
-      for (int offset = T::kLanesPerRowBlock / 2; offset > 0; offset >>= 1)
-        amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+  for (int t = 0; t < T::kRowTiles; ++t) {
+    const std::int64_t tile_row = row0 + t * 32;  // first row of this warp tile (a block row)
+    const std::int64_t lane_row = tile_row + rg * R;
+    float x[R][C];
+    bool has_nan = false;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      decode_raw8<In>(raw[t][i], x[i]);
+#pragma unroll
+      for (int k = 0; k < C; ++k) has_nan |= x[i][k] != x[i][k];
+    }
+
+    // Rowwise: each row's 1x32 block amax over its 4 lanes, exponent, codes.
+    if (p.rowwise_data != nullptr) {
+      std::uint8_t e[R];
+      float factor[R];
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        float amax = 0.0f;
+#pragma unroll
+        for (int k = 0; k < C; ++k) amax = amax_of(amax, x[i][k]);
+        amax = sdk::cuda::max_over_row_lanes(amax);
+        e[i] = num_mx::block_exponent(amax, Codes::kRcp);
+        factor[i] = num::e8m0_encode_factor(e[i]);
+      }
+      // Lane cg parks the scale of its row group's row cg (the 4 lanes agree on all 4); the
+      // CTA stores each row's kWarps scales as one 8-byte word at the end.
+      std::uint8_t my_e = e[0];
+#pragma unroll
+      for (int i = 1; i < R; ++i) my_e = cg == i ? e[i] : my_e;
+      row_scales[t * 32 + rg * R + cg][warp] = my_e;
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        const std::int64_t r = lane_row + i;
+        const float f[C] = {factor[i], factor[i], factor[i], factor[i],
+                            factor[i], factor[i], factor[i], factor[i]};
+        std::uint32_t lo, hi;
+        encode_run<Codes>(x[i], f, has_nan, lo, hi);
+        if (r < p.rows && valid_cols > 0)
+          store_bytes8(p.rowwise_data, r * p.cols + col, valid_cols,
+                       p.rowwise_store_aligned && valid_cols == C, lo, hi);
+      }
+    }
+
+    // Columnwise: each column's 32x1 block amax over its 8 lanes (reduce-scatter: this lane
+    // ends with column 8 cg + rg), exponent, then every lane gathers its 8 columns' factors.
+    if (p.columnwise_data != nullptr) {
+      float colmax[C];
+#pragma unroll
+      for (int k = 0; k < C; ++k) {
+        colmax[k] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < R; ++i) colmax[k] = amax_of(colmax[k], x[i][k]);
+      }
+      const float amax = sdk::cuda::max_over_column_lanes_scatter(colmax);
       const std::uint8_t e = num_mx::block_exponent(amax, Codes::kRcp);
-      const std::int64_t r = row0 + pass_row + pass * T::kRowsPerPass;
-      if (r < p.rows && valid_cols > 0) {
-        if (run_col % kBlock == 0)  // the lane holding the block's first run writes its scale
-          p.rowwise_scale[r * p.rowwise_scale_ld + (col0 + run_col) / kBlock] = e;
-        std::uint8_t codes[N];
+      const std::int64_t my_col = tile_col + cg * C + rg;
+      if (tile_row < p.rows && my_col < p.cols)
+        p.columnwise_scale[(tile_row / kBlock) * p.columnwise_scale_ld + my_col] = e;
+      float factor[C];
+      sdk::cuda::gather_column_values(num::e8m0_encode_factor(e), factor);
 #pragma unroll
-        for (int k = 0; k < N; ++k) codes[k] = num_mx::encode(x[pass][k], e, Codes::kE4M3);
-        store_codes<N>(p.rowwise_data, r * p.cols + col0 + run_col, valid_cols,
-                       p.rowwise_store_aligned && valid_cols == N, codes);
+      for (int i = 0; i < R; ++i) {
+        const std::int64_t r = lane_row + i;
+        std::uint32_t lo, hi;
+        encode_run<Codes>(x[i], factor, has_nan, lo, hi);
+        if (r < p.rows && valid_cols > 0)
+          store_bytes8(p.columnwise_data, r * p.cols + col, valid_cols,
+                       p.columnwise_store_aligned && valid_cols == C, lo, hi);
       }
     }
   }
 
-  // Phase 3, columnwise: 32x1 block amaxes through shared memory, then encode, store.
-  if (p.columnwise_data != nullptr) {
-#pragma unroll
-    for (int b = 0; b < T::kColBlocks; ++b) {
-      float partial[N];
-#pragma unroll
-      for (int k = 0; k < N; ++k) partial[k] = 0.0f;
-#pragma unroll
-      for (int q = 0; q < T::kPassesPerColBlock; ++q)
-#pragma unroll
-        for (int k = 0; k < N; ++k)
-          partial[k] = amax_of(partial[k], x[b * T::kPassesPerColBlock + q][k]);
-      store_floats_shared<N>(&col_partial[b][pass_row][run_col], partial);
-    }
+  if (p.rowwise_data != nullptr) {  // the same for the whole grid: the barrier is uniform
     __syncthreads();
-    {
-      const int b = static_cast<int>(threadIdx.x / T::kCols);
-      const int c = static_cast<int>(threadIdx.x % T::kCols);
-      float amax = 0.0f;
-#pragma unroll
-      for (int g = 0; g < T::kRowsPerPass; ++g) amax = fmaxf(amax, col_partial[b][g][c]);
-      const std::uint8_t e = num_mx::block_exponent(amax, Codes::kRcp);
-      col_exponent[b][c] = e;
-      const std::int64_t block_row0 = row0 + b * kBlock;
-      if (block_row0 < p.rows && col0 + c < p.cols)
-        p.columnwise_scale[(block_row0 / kBlock) * p.columnwise_scale_ld + col0 + c] = e;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int pass = 0; pass < T::kPasses; ++pass) {
-      const std::int64_t r = row0 + pass_row + pass * T::kRowsPerPass;
-      if (r >= p.rows || valid_cols == 0) continue;
-      const int b = pass / T::kPassesPerColBlock;
-      std::uint8_t codes[N];
-#pragma unroll
-      for (int k = 0; k < N; ++k)
-        codes[k] = num_mx::encode(x[pass][k], col_exponent[b][run_col + k], Codes::kE4M3);
-      store_codes<N>(p.columnwise_data, r * p.cols + col0 + run_col, valid_cols,
-                     p.columnwise_store_aligned && valid_cols == N, codes);
+    const int tr = static_cast<int>(threadIdx.x);
+    const std::int64_t r = row0 + tr;
+    const std::int64_t first_block = (blockIdx.x % p.tiles_per_row) * T::kWarps;
+    if (tr < T::kRows && r < p.rows) {
+      const int blocks = (valid_in_run(first_block * kBlock, p.cols, T::kCols) + kBlock - 1) /
+                         kBlock;  // blocks of this CTA that exist in the row
+      const uint2 word = *reinterpret_cast<const uint2*>(row_scales[tr]);
+      store_bytes8(p.rowwise_scale, r * p.rowwise_scale_ld + first_block, blocks,
+                   p.rowwise_scale_aligned && blocks == T::kWarps, word.x, word.y);
     }
   }
 }
@@ -305,11 +350,13 @@ void launch_quantize(const QuantizeArgs& a) {
   p.columnwise_data = a.columnwise_data;
   p.columnwise_scale = a.columnwise_scale;
   p.columnwise_scale_ld = a.columnwise_scale_ld;
-  p.load_aligned = a.cols % T::kRun == 0 && is_aligned(a.src, 16);
-  // Runs start at multiples of kRun (itself a multiple of 4) within a row: a run starts
-  // 4-byte aligned when the row length is a multiple of 4.
-  p.rowwise_store_aligned = a.cols % 4 == 0 && is_aligned(a.rowwise_data, 4);
-  p.columnwise_store_aligned = a.cols % 4 == 0 && is_aligned(a.columnwise_data, 4);
+  // Runs start at multiples of 8 within a row: with cols % 8 == 0 every run starts 16-byte
+  // (source, 2- or 4-byte elements) and 8-byte (codes) aligned when the buffers do.
+  p.load_aligned = a.cols % 8 == 0 && is_aligned(a.src, 16);
+  p.rowwise_store_aligned = a.cols % 8 == 0 && is_aligned(a.rowwise_data, 8);
+  p.columnwise_store_aligned = a.cols % 8 == 0 && is_aligned(a.columnwise_data, 8);
+  // A CTA's scales start at block kWarps * (CTA column), a multiple of 8.
+  p.rowwise_scale_aligned = a.rowwise_scale_ld % 8 == 0 && is_aligned(a.rowwise_scale, 8);
   const std::int64_t tiles = ceil_div(a.rows, T::kRows) * p.tiles_per_row;
   QR_CHECK(tiles <= INT_MAX, "mxfp8 CUDA quantize: ", a.rows, " x ", a.cols, " needs ", tiles,
            " tiles of ", T::kRows, "x", T::kCols, "; at most ", INT_MAX, " fit in one grid");

@@ -13,12 +13,16 @@
 //       (rowwise and columnwise amax are equal without Hadamard, and under 2d);
 //     - Hadamard with columnwise requested: one block per 64x64 tile computes max |x| and
 //       the max over the transformed BF16 columns from the same read of the tile.
-//   pass 2, quantize (instantiated per source dtype and per rounding, so round-to-nearest
-//     carries no stochastic-rounding code): one block of 256 threads per 64x64 tile. The
-//     tile is loaded once into shared memory as FP32 (16-byte loads); then each thread
-//     quantizes one 1x16 rowwise
-//     block (64 rows x 4 blocks = 256) and one 16x1 columnwise block (64 columns x 4 blocks
-//     = 256) of that tile, so the source is read once for both directions. Under Hadamard the
+//   pass 2, 1-D blocks (no 2d, no Hadamard: the common case): quantize_1d_kernel, 32 x 32
+//     warp tiles straight from registers (see above it); the E2M1 rounding to nearest is the
+//     branch-free num::fast::f32_to_e2m1 and the block scale's E4M3 the hardware conversion,
+//     both proven equal to the references over all 2^32 inputs (test_gpu_conversions).
+//   pass 2 under 2d or Hadamard, quantize_kernel (the same fast conversions; instantiated per
+//     source dtype and per rounding, so round-to-nearest carries no stochastic-rounding code):
+//     one block of 256 threads per 64x64 tile. The tile is loaded once into shared memory as
+//     FP32 (16-byte loads); then each thread quantizes one 1x16 rowwise block (64 rows x 4
+//     blocks = 256) and one 16x1 columnwise block (64 columns x 4 blocks = 256) of that
+//     tile, so the source is read once for both directions. Under Hadamard the
 //     16x1 block is exactly one transform run (M % 16 == 0): the thread transforms it in
 //     registers. Under 2d the rowwise threads also publish their block amax; each 16x16 tile's
 //     scale is the max of its 16 row blocks, the codes are computed once (rowwise order, as
@@ -47,6 +51,7 @@
 #include "qrecipe/conversions.hpp"
 #include "qrecipe/cuda_sdk.cuh"
 #include "qrecipe/error.hpp"
+#include "qrecipe/fast_conversions.cuh"
 #include "qrecipe/plugin_sdk.hpp"
 
 namespace qrecipe::nvfp4::cuda {
@@ -178,9 +183,16 @@ __device__ __forceinline__ void encode_block(const float (&v)[kBlock], float enc
       code = rules::round_stochastic(
           x, sr_random_word(random.seed, first_index + j, random.call_offset));
     else
-      code = rules::round_nearest(x);
+      code = static_cast<std::uint8_t>(num::fast::f32_to_e2m1(x));  // == rules::round_nearest
     q[j] = static_cast<std::uint8_t>(code & 0xFu);
   }
+}
+
+// rules::block_scale_code with the hardware E4M3 conversion (== num::f32_to_e4m3 for every
+// input, test_gpu_conversions): the same product, s_enc * fl32(1/6) first.
+__device__ __forceinline__ std::uint8_t block_scale_code(float block_amax, float s_enc) {
+  const float scale_times_sixth = s_enc * rules::kOneSixth;
+  return num::fast::f32_to_e4m3(block_amax * scale_times_sixth);
 }
 
 // One 1-D block of a direction: its scale from its own amax, then its codes. Returns the
@@ -191,7 +203,7 @@ __device__ __forceinline__ std::uint8_t quantize_block(const float (&v)[kBlock],
                                                        std::uint64_t first_index,
                                                        std::uint8_t (&q)[kBlock]) {
   const BlockStats s = block_stats(v);
-  const std::uint8_t code = rules::block_scale_code(s.amax, s_enc);
+  const std::uint8_t code = block_scale_code(s.amax, s_enc);
   encode_block<kStochastic>(v, rules::element_encode_factor(code, s_dec), random, first_index,
                             q);
   return s.has_nan ? rules::kNanScaleCode : code;
@@ -314,6 +326,9 @@ struct QuantizeParams {
   const float* col_amax;
   std::int64_t col_pitch, col_spitch;
   bool col_vector_ok;  // col_pitch % 8 == 0 and col_data 8-byte aligned
+  // quantize_1d_kernel's scale stores: 16 bytes (rowwise) / 4 bytes (columnwise) a data row.
+  bool row_scale_vector_ok;  // row_spitch % 16 == 0 and row_scales 16-byte aligned
+  bool col_scale_vector_ok;  // col_spitch % 4 == 0 and col_scales 4-byte aligned
 };
 
 template <class In, bool kStochastic>
@@ -353,7 +368,7 @@ __global__ void __launch_bounds__(Tile::kThreads) quantize_kernel(const Quantize
       float amax = 0.0f;
 #pragma unroll
       for (int k = 0; k < kBlock; ++k) amax = fmaxf(amax, row_block_amax[tile_r0 + k][b]);
-      const std::uint8_t code = rules::block_scale_code(amax, s_enc);
+      const std::uint8_t code = block_scale_code(amax, s_enc);
       if (r % kBlock == 0) tile_code[r / kBlock][b] = code;
       encode_block<kStochastic>(v, rules::element_encode_factor(code, s_dec), p.random,
                                 first_index, q);
@@ -404,6 +419,230 @@ __global__ void __launch_bounds__(Tile::kThreads) quantize_kernel(const Quantize
   }
   store_packed(p.col_data + col * p.col_pitch + row / 2, q, valid, p.col_vector_ok);
   p.col_scales[col * p.col_spitch + row / kBlock] = scale;
+}
+
+// Quantize, 1-D blocks (no 2d, no Hadamard): the hot path. A warp quantizes 32 x 32 warp
+// tiles in the layout of cuda_sdk.cuh (lane 4 rg + cg: rows 4 rg .. 4 rg + 3, columns
+// 8 cg .. 8 cg + 7, one 16-byte load per row), straight from registers:
+//   rowwise     a 1x16 block is one row of a lane pair (cg 0-1 or 2-3): amax and NaN mark by
+//               one shuffle; the lane's 8 codes are one 4-byte store of packed E2M1
+//   columnwise  a 16x1 block is one column of 4 lanes (rg 0-3 or 4-7): a two-step
+//               reduce-scatter leaves each lane 2 columns' amaxes, whose encode factors are
+//               then gathered back; the 4 codes of a column are 2 bytes of one row of the
+//               transposed output, paired with the next row group's by a shuffle into one
+//               4-byte store
+// A CTA is 8 warps side by side (64 x 256 with 2 row tiles a warp, loaded before use); the
+// scale bytes of the CTA are collected in shared memory and stored as 16 bytes a data row
+// (rowwise) and 4 bytes a data row (columnwise) at the end.
+template <class In>
+struct Tile1d {
+  static constexpr int kWarps = 8;
+  static constexpr int kThreads = 32 * kWarps;
+  // Warp tiles loaded ahead per warp (an f32 run is two 16-byte loads already).
+  static constexpr int kRowTiles = sizeof(typename In::Storage) == 4 ? 1 : 2;
+  static constexpr int kRows = 32 * kRowTiles;  // 64 (f32: 32)
+  static constexpr int kCols = 32 * kWarps;     // 256
+  static constexpr int kRowScaleBytes = kCols / kBlock;  // 16 per CTA row
+  static constexpr int kColScaleBytes = kRows / kBlock;  // 4 (f32: 2) per CTA column
+  static constexpr int kMinBlocksPerSM = 3;
+  static_assert(kBlock == 16, "a row block is 2 lanes, a column block 4 lanes");
+  static_assert(kRowScaleBytes == 16 && kColScaleBytes <= 4, "scale rows as one vector");
+};
+
+// The E2M1 code (low nibble) of v: round to nearest (num::fast::f32_to_e2m1 ==
+// rules::round_nearest) or stochastic rounding with the element's random word.
+template <bool kStochastic>
+__device__ __forceinline__ std::uint32_t encode_element(float v, const RandomStream& random,
+                                                        std::uint64_t index) {
+  if constexpr (kStochastic)
+    return rules::round_stochastic(v, sr_random_word(random.seed, index, random.call_offset)) &
+           0xFu;
+  else
+    return num::fast::f32_to_e2m1(v) & 0xFu;
+}
+
+template <class In, bool kStochastic>
+__global__ void __launch_bounds__(Tile1d<In>::kThreads, Tile1d<In>::kMinBlocksPerSM)
+    quantize_1d_kernel(const QuantizeParams p) {
+  using T = Tile1d<In>;
+  constexpr int R = sdk::cuda::kTileRowsPerLane, C = sdk::cuda::kTileColsPerLane;
+  __shared__ alignas(16) std::uint8_t row_scales[T::kRows][T::kRowScaleBytes];
+  __shared__ alignas(4) std::uint8_t col_scales[T::kCols][4];  // kColScaleBytes used
+
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int rg = lane / 4, cg = lane % 4;
+  const std::int64_t row0 = (blockIdx.x / p.tiles_per_row) * T::kRows;
+  const std::int64_t cta_col = (blockIdx.x % p.tiles_per_row) * T::kCols;
+  const std::int64_t col = cta_col + warp * 32 + cg * C;  // this lane's first column
+  const int valid_cols = valid_in_run(col, p.cols, C);
+  const bool want_row = p.row_data != nullptr, want_col = p.col_data != nullptr;
+  const auto* src = static_cast<const typename In::Storage*>(p.src);
+
+  sdk::cuda::Raw8<In> raw[T::kRowTiles][R];
+#pragma unroll
+  for (int t = 0; t < T::kRowTiles; ++t)
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const std::int64_t r = row0 + t * 32 + rg * R + i;
+      const int valid = r < p.rows ? valid_cols : 0;
+      sdk::cuda::load_raw8<In>(src, r * p.cols + col, valid, p.src_aligned && valid == C,
+                               raw[t][i]);
+    }
+  float row_s_enc = 1.0f, row_s_dec = 1.0f, col_s_enc = 1.0f, col_s_dec = 1.0f;
+  if (want_row) {
+    row_s_enc = rules::encode_scale(*p.row_amax);
+    row_s_dec = 1.0f / row_s_enc;
+  }
+  if (want_col) {
+    col_s_enc = rules::encode_scale(*p.col_amax);
+    col_s_dec = 1.0f / col_s_enc;
+  }
+
+#pragma unroll
+  for (int t = 0; t < T::kRowTiles; ++t) {
+    const std::int64_t tile_row = row0 + t * 32;
+    const std::int64_t lane_row = tile_row + rg * R;
+    float x[R][C];
+#pragma unroll
+    for (int i = 0; i < R; ++i) sdk::cuda::decode_raw8<In>(raw[t][i], x[i]);
+
+    if (want_row) {
+      // Bit i: row i of the lane's 8 elements holds a NaN; then over the lane pair.
+      std::uint32_t nan_rows = 0;
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        bool any = false;
+#pragma unroll
+        for (int k = 0; k < C; ++k) any |= x[i][k] != x[i][k];
+        nan_rows |= any ? 1u << i : 0u;
+      }
+      nan_rows |= __shfl_xor_sync(0xFFFFFFFFu, nan_rows, 1);
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        float amax = 0.0f;
+#pragma unroll
+        for (int k = 0; k < C; ++k) amax = fmaxf(amax, num::abs_f(x[i][k]));  // NaN ignored
+        amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+        const std::uint8_t code = block_scale_code(amax, row_s_enc);
+        const float enc = rules::element_encode_factor(code, row_s_dec);
+        const std::int64_t r = lane_row + i;
+        std::uint32_t word = 0;
+#pragma unroll
+        for (int k = 0; k < C; ++k)
+          word |= encode_element<kStochastic>(x[i][k] * enc, p.random,
+                                              static_cast<std::uint64_t>(r * p.cols + col + k))
+                  << (4 * k);
+        if (r < p.rows && valid_cols > 0) {
+          const int valid_bytes = (valid_cols + 1) / 2;
+          sdk::cuda::store_bytes4(p.row_data, r * p.row_pitch + col / 2, valid_bytes,
+                                  p.row_vector_ok && valid_bytes == 4, word);
+        }
+        if ((i & 1) == (cg & 1))  // the pair agrees: each lane parks 2 of the 4 rows
+          row_scales[t * 32 + rg * R + i][warp * 2 + cg / 2] =
+              (nan_rows >> i) & 1u ? rules::kNanScaleCode : code;
+      }
+    }
+
+    if (want_col) {
+      float colmax[C];
+      std::uint32_t nan_cols = 0;  // bit k: column k of the lane's 4 rows holds a NaN
+#pragma unroll
+      for (int k = 0; k < C; ++k) {
+        colmax[k] = 0.0f;
+        bool any = false;
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+          colmax[k] = fmaxf(colmax[k], num::abs_f(x[i][k]));
+          any |= x[i][k] != x[i][k];
+        }
+        nan_cols |= any ? 1u << k : 0u;
+      }
+      // Over the 4 lanes of a 16x1 block (lane bits 2 and 3).
+      nan_cols |= __shfl_xor_sync(0xFFFFFFFFu, nan_cols, 8);
+      nan_cols |= __shfl_xor_sync(0xFFFFFFFFu, nan_cols, 4);
+      const bool b3 = lane & 8, b2 = lane & 4;
+      float a[4], own_max[2];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {  // a[k]: column 4 b3 + k
+        const float send = b3 ? colmax[k] : colmax[k + 4], keep = b3 ? colmax[k + 4] : colmax[k];
+        a[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 8));
+      }
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {  // own_max[k]: column 4 b3 + 2 b2 + k
+        const float send = b2 ? a[k] : a[k + 2], keep = b2 ? a[k + 2] : a[k];
+        own_max[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 4));
+      }
+      const int own_col = 4 * b3 + 2 * b2;  // within the lane's cg: columns own_col, +1
+      float own_enc[2];
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const std::uint8_t code = block_scale_code(own_max[k], col_s_enc);
+        own_enc[k] = rules::element_encode_factor(code, col_s_dec);
+        col_scales[warp * 32 + cg * C + own_col + k][t * 2 + rg / 4] =
+            (nan_cols >> (own_col + k)) & 1u ? rules::kNanScaleCode : code;
+      }
+      // Column j of this lane's cg: from the lane of the same 16-row group (rg / 4) holding it.
+      float enc[C];
+#pragma unroll
+      for (int j = 0; j < C; ++j)
+        enc[j] = __shfl_sync(0xFFFFFFFFu, own_enc[j & 1], ((rg / 4) * 4 + j / 2) * 4 + cg);
+      // Column k's 4 codes: 2 bytes of transposed row col + k at rows lane_row ..
+      std::uint32_t half[C];
+#pragma unroll
+      for (int k = 0; k < C; ++k) {
+        std::uint32_t h = 0;
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+          h |= encode_element<kStochastic>(
+                   x[i][k] * enc[k], p.random,
+                   static_cast<std::uint64_t>((col + k) * p.rows + lane_row + i))
+               << (4 * i);
+        half[k] = h;
+      }
+      // Lane pairs rg = 2m, 2m + 1 (lane bit 2) make 8 rows = 4 bytes: the even lane stores
+      // columns 0..3, the odd lane columns 4..7.
+      const bool odd = rg & 1;
+      const std::uint32_t send_lo = odd ? half[0] | (half[1] << 16) : half[4] | (half[5] << 16);
+      const std::uint32_t send_hi = odd ? half[2] | (half[3] << 16) : half[6] | (half[7] << 16);
+      const std::uint32_t got_lo = __shfl_xor_sync(0xFFFFFFFFu, send_lo, 4);
+      const std::uint32_t got_hi = __shfl_xor_sync(0xFFFFFFFFu, send_hi, 4);
+      const std::uint32_t partner[4] = {got_lo & 0xFFFFu, got_lo >> 16, got_hi & 0xFFFFu,
+                                        got_hi >> 16};
+      const std::int64_t pair_row = tile_row + (rg & ~1) * R;  // first of the 8 rows
+      const int valid_rows = valid_in_run(pair_row, p.rows, 2 * R);
+      const int valid_bytes = (valid_rows + 1) / 2;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int c = odd ? k + 4 : k;
+        const std::uint32_t word = odd ? partner[k] | (half[k + 4] << 16) : half[k] | (partner[k] << 16);
+        if (c < valid_cols && valid_bytes > 0)
+          sdk::cuda::store_bytes4(p.col_data, (col + c) * p.col_pitch + pair_row / 2, valid_bytes,
+                                  p.col_vector_ok && valid_bytes == 4, word);
+      }
+    }
+  }
+
+  // Scale bytes of the CTA (the same branch for the whole grid: uniform barrier).
+  __syncthreads();
+  const int tid = static_cast<int>(threadIdx.x);
+  if (want_row && tid < T::kRows && row0 + tid < p.rows) {
+    const std::int64_t first_block = cta_col / kBlock;
+    const int blocks = (valid_in_run(cta_col, p.cols, T::kCols) + kBlock - 1) / kBlock;
+    const uint4 v = *reinterpret_cast<const uint4*>(row_scales[tid]);
+    std::uint8_t* dst = p.row_scales + (row0 + tid) * p.row_spitch + first_block;
+    if (p.row_scale_vector_ok && blocks == T::kRowScaleBytes) {
+      *reinterpret_cast<uint4*>(dst) = v;
+    } else {
+      for (int b = 0; b < blocks; ++b) dst[b] = row_scales[tid][b];
+    }
+  }
+  if (want_col && cta_col + tid < p.cols) {
+    const std::int64_t first_block = row0 / kBlock;
+    const int blocks = (valid_in_run(row0, p.rows, T::kRows) + kBlock - 1) / kBlock;
+    const std::uint32_t v = *reinterpret_cast<const std::uint32_t*>(col_scales[tid]);  // low bytes
+    sdk::cuda::store_bytes4(p.col_scales, (cta_col + tid) * p.col_spitch + first_block, blocks,
+                            p.col_scale_vector_ok && blocks == 4, v);  // f32: never 4
+  }
 }
 
 // Dequantize: one logical output element per thread (grid-stride), so the writes are
@@ -534,6 +773,22 @@ void launch_quantize(const QuantizeParams& p, bool stochastic, unsigned blocks,
   QR_CUDA_CHECK_LAUNCH("quantize_kernel");
 }
 
+template <class In>
+void launch_quantize_1d(QuantizeParams p, bool stochastic, cudaStream_t stream) {
+  using T = Tile1d<In>;
+  p.tiles_per_row = ceil_div(p.cols, T::kCols);
+  const std::int64_t tiles = ceil_div(p.rows, T::kRows) * p.tiles_per_row;
+  QR_CHECK(tiles >= 1 && tiles <= INT_MAX, "nvfp4 CUDA quantize: ", p.rows, " x ", p.cols,
+           " needs ", tiles, " tiles of ", T::kRows, "x", T::kCols, "; expected 1..", INT_MAX,
+           " (split the tensor)");
+  const auto blocks = static_cast<unsigned>(tiles);
+  if (stochastic)
+    quantize_1d_kernel<In, true><<<blocks, T::kThreads, 0, stream>>>(p);
+  else
+    quantize_1d_kernel<In, false><<<blocks, T::kThreads, 0, stream>>>(p);
+  QR_CUDA_CHECK_LAUNCH("quantize_1d_kernel");
+}
+
 }  // namespace
 
 void compute_amax_to_host(const void* src, qr_dtype src_dtype, std::int64_t rows,
@@ -635,6 +890,16 @@ void quantize(const QuantizeArgs& a) {
     p.col_pitch = packed_pitch(a.rows);
     p.col_spitch = scale_pitch(a.rows);
     p.col_vector_ok = p.col_pitch % 8 == 0 && is_aligned(p.col_data, 8);
+  }
+  p.row_scale_vector_ok = p.row_spitch % 16 == 0 && is_aligned(p.row_scales, 16);
+  p.col_scale_vector_ok = p.col_spitch % 4 == 0 && is_aligned(p.col_scales, 4);
+  if (!a.two_d && !a.hadamard) {  // the 1-D path: warp tiles, no shared-memory tile
+    switch (a.src_dtype) {
+      case QR_DTYPE_F32: launch_quantize_1d<F32In>(p, a.stochastic_rounding, s); break;
+      case QR_DTYPE_BF16: launch_quantize_1d<BF16In>(p, a.stochastic_rounding, s); break;
+      default: launch_quantize_1d<F16In>(p, a.stochastic_rounding, s); break;
+    }
+    return;
   }
   const unsigned blocks = tile_grid(a.rows, a.cols, p.tiles_per_row, "quantize");
   switch (a.src_dtype) {

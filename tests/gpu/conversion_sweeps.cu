@@ -136,6 +136,27 @@ __global__ void __launch_bounds__(kThreads) decode_sweep(Counters* counters) {
   local.flush(counters);
 }
 
+// The arithmetic E2M1 encoder (no hardware conversion before sm_100) against the reference,
+// over the same four lanes per word as the FP8 encode sweeps.
+__global__ void __launch_bounds__(kThreads) e2m1_encode_sweep(Counters* counters) {
+  Local local;
+  const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  for (std::uint64_t w = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       w < kWords; w += stride) {
+    const auto u = static_cast<std::uint32_t>(w);
+    for (int lane = 0; lane < 4; ++lane) {
+      const float x = num::bits_float(lane_bits(u, lane));
+      const std::uint32_t ref = num::f32_to_e2m1(x);
+      const std::uint32_t got = num::fast::f32_to_e2m1(x);
+      if (got != ref) {
+        ++local.mismatches;
+        record(counters, lane_bits(u, lane), ref, got);
+      }
+    }
+  }
+  local.flush(counters);
+}
+
 // What the hardware writes for +NaN and -NaN (documentation in the test output).
 template <bool kE4M3>
 __global__ void raw_nan_codes(std::uint32_t* out) {
@@ -150,6 +171,7 @@ const char* sweep_name(Sweep s) {
     case Sweep::e4m3_encode: return "FP32 -> E4M3 encode";
     case Sweep::e5m2_encode: return "FP32 -> E5M2 encode";
     case Sweep::bf16_decode: return "BF16 -> FP32 decode";
+    case Sweep::e2m1_encode: return "FP32 -> E2M1 encode (arithmetic)";
     default: return "F16 -> FP32 decode";
   }
 }
@@ -195,6 +217,7 @@ SweepResult run_sweep(Sweep s) {
         break;
       case Sweep::bf16_decode: decode_sweep<true><<<blocks, kThreads>>>(counters); break;
       case Sweep::f16_decode: decode_sweep<false><<<blocks, kThreads>>>(counters); break;
+      case Sweep::e2m1_encode: e2m1_encode_sweep<<<blocks, kThreads>>>(counters); break;
     }
     SWEEP_CUDA(cudaGetLastError());
     SWEEP_CUDA(cudaDeviceSynchronize());
@@ -207,7 +230,8 @@ SweepResult run_sweep(Sweep s) {
     r.raw_nan_mismatches = host.raw_nan_mismatches;
     r.raw_other_mismatches = host.raw_other_mismatches;
     r.nan_payload_differences = host.nan_payload_differences;
-    const bool encode = s == Sweep::e4m3_encode || s == Sweep::e5m2_encode;
+    const bool encode =
+        s == Sweep::e4m3_encode || s == Sweep::e5m2_encode || s == Sweep::e2m1_encode;
     r.checked = kWords * (encode ? 4 : 2);
     r.recorded = host.recorded < SweepResult::kRecorded ? static_cast<int>(host.recorded)
                                                         : SweepResult::kRecorded;

@@ -13,6 +13,7 @@ enum class Sweep {
   e5m2_encode,  // f32x4_to_e5m2x4 == f32_to_e5m2 per lane, likewise
   bf16_decode,  // bf16x2_to_f32x2 == bf16_to_f32 per half, all 2^32 packed words
   f16_decode,   // f16x2_to_f32x2 == f16_to_f32 per half (NaN: any NaN), all 2^32 words
+  e2m1_encode,  // fast::f32_to_e2m1 == f32_to_e2m1, all 2^32 FP32 inputs in each of 4 lanes
 };
 
 const char* sweep_name(Sweep s);

@@ -1,5 +1,5 @@
 // The device fast conversions (qrecipe/fast_conversions.cuh: hardware FP8 encode with the
-// reference's NaN rule, packed BF16 / F16 decodes) equal the specification
+// reference's NaN rule, the arithmetic E2M1 encode, packed BF16 / F16 decodes) equal the specification
 // (qrecipe/conversions.hpp) on the GPU, over ALL 2^32 inputs each: every kernel that uses them
 // is then bit-exact by construction wherever it used to call the reference.
 //
@@ -71,6 +71,13 @@ TEST_CASE("hardware FP32 -> E4M3 (cvt.rn.satfinite.e4m3x2) == f32_to_e4m3, all 2
 
 TEST_CASE("hardware FP32 -> E5M2 (cvt.rn.satfinite.e5m2x2) == f32_to_e5m2, all 2^32 inputs") {
   check_encode(sw::Sweep::e5m2_encode);
+}
+
+TEST_CASE("arithmetic FP32 -> E2M1 (fast::f32_to_e2m1) == f32_to_e2m1, all 2^32 inputs") {
+  // No hardware E2M1 conversion on sm_90: the branch-free encoder the nvfp4 kernels use must
+  // equal the reference everywhere (ties to even at the 7 midpoints, saturation, -0, NaN -> 7).
+  sw::SweepResult r;
+  run(sw::Sweep::e2m1_encode, r);
 }
 
 TEST_CASE("packed BF16 decode == bf16_to_f32, all 2^32 packed pairs") {

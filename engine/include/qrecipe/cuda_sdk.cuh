@@ -13,8 +13,11 @@
 #include <cstdint>
 #include <string>
 
+#include <type_traits>
+
 #include "qrecipe/conversions.hpp"
 #include "qrecipe/error.hpp"
+#include "qrecipe/fast_conversions.cuh"
 #include "qrecipe/plugin_abi.h"
 
 namespace qrecipe::sdk::cuda {
@@ -164,6 +167,141 @@ __device__ __forceinline__ void store_floats_shared(float* dst, const float (&v)
 __device__ __forceinline__ int valid_in_run(std::int64_t start, std::int64_t extent, int n) {
   if (start >= extent) return 0;
   return extent - start < n ? static_cast<int>(extent - start) : n;
+}
+
+// ---------------------------------------------------------------- device: 8-element runs
+
+// Eight consecutive source elements of one row as loaded (raw bits: 4 words of packed 16-bit
+// values or 8 FP32 words), decoded to FP32 only when used so a thread can keep several runs in
+// flight in few registers.
+template <class In>
+struct Raw8 {
+  static constexpr int kWords = 8 * static_cast<int>(sizeof(typename In::Storage)) / 4;
+  std::uint32_t w[kWords];
+};
+
+// Loads src[offset .. offset + 8) of which `valid` (0..8) exist; the rest read as +0.
+// `vector_ok`: all 8 exist and src + offset is 16-byte aligned (one or two 16-byte loads).
+template <class In>
+__device__ __forceinline__ void load_raw8(const typename In::Storage* src, std::int64_t offset,
+                                          int valid, bool vector_ok, Raw8<In>& out) {
+  using Storage = typename In::Storage;
+  constexpr int kVectors = Raw8<In>::kWords / 4;
+  if (vector_ok) {
+    const uint4* v = reinterpret_cast<const uint4*>(src + offset);
+#pragma unroll
+    for (int i = 0; i < kVectors; ++i) {
+      const uint4 q = v[i];
+      out.w[4 * i] = q.x;
+      out.w[4 * i + 1] = q.y;
+      out.w[4 * i + 2] = q.z;
+      out.w[4 * i + 3] = q.w;
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < Raw8<In>::kWords; ++i) out.w[i] = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    if (k >= valid) break;
+    if constexpr (sizeof(Storage) == 4) {
+      out.w[k] = __float_as_uint(src[offset + k]);
+    } else {
+      out.w[k / 2] |= static_cast<std::uint32_t>(src[offset + k]) << (16 * (k % 2));
+    }
+  }
+}
+
+// The 8 elements of a run as FP32, exactly as In::to_f32 widens them (fast_conversions.cuh:
+// F16 NaNs keep NaN-ness, not their payload, which no output can show).
+template <class In>
+__device__ __forceinline__ void decode_raw8(const Raw8<In>& r, float (&x)[8]) {
+  if constexpr (std::is_same_v<In, F32In>) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) x[k] = __uint_as_float(r.w[k]);
+  } else if constexpr (std::is_same_v<In, BF16In>) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) num::fast::bf16x2_to_f32x2(r.w[i], x[2 * i], x[2 * i + 1]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) num::fast::f16x2_to_f32x2(r.w[i], x[2 * i], x[2 * i + 1]);
+  }
+}
+
+// Stores 8 one-byte codes (lo: codes 0..3, hi: 4..7, little-endian) at dst[offset ..], of
+// which `valid` exist. `vector_ok`: all 8 exist and dst + offset is 8-byte aligned.
+__device__ __forceinline__ void store_bytes8(std::uint8_t* dst, std::int64_t offset, int valid,
+                                             bool vector_ok, std::uint32_t lo,
+                                             std::uint32_t hi) {
+  if (vector_ok) {
+    *reinterpret_cast<uint2*>(dst + offset) = make_uint2(lo, hi);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    if (k >= valid) break;
+    dst[offset + k] = static_cast<std::uint8_t>((k < 4 ? lo : hi) >> (8 * (k % 4)));
+  }
+}
+
+// Stores 4 one-byte codes (little-endian in `word`) at dst[offset ..], `valid` of them.
+// `vector_ok`: all 4 exist and dst + offset is 4-byte aligned.
+__device__ __forceinline__ void store_bytes4(std::uint8_t* dst, std::int64_t offset, int valid,
+                                             bool vector_ok, std::uint32_t word) {
+  if (vector_ok) {
+    *reinterpret_cast<std::uint32_t*>(dst + offset) = word;
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if (k >= valid) break;
+    dst[offset + k] = static_cast<std::uint8_t>(word >> (8 * k));
+  }
+}
+
+// ---------------------------------------------------------------- device: 32x32 warp tiles
+
+// A warp tile of 32 rows x 32 columns: lane = 4 * rg + cg holds rows 4 rg .. 4 rg + 3 and
+// columns 8 cg .. 8 cg + 7 (4 runs of 8). A row's 32 columns lie in the 4 lanes of one rg
+// (lane bits 0..1), a column's 32 rows in the 8 lanes of one cg (lane bits 2..4). Loads (16
+// bytes a lane) and 8-byte code stores cover whole 32-byte sectors.
+inline constexpr int kTileRowsPerLane = 4;
+inline constexpr int kTileColsPerLane = 8;
+
+// Max over the 4 lanes of a row group (the lanes holding one 32-column row), in every lane.
+__device__ __forceinline__ float max_over_row_lanes(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
+}
+
+// Column maxima of a warp tile, scattered: v[j] is this lane's value for its column 8 cg + j;
+// returns the max over the 8 lanes of its cg of column 8 cg + rg (rg = lane / 4). A
+// reduce-scatter (each step halves the values exchanged): 7 shuffles instead of 24.
+__device__ __forceinline__ float max_over_column_lanes_scatter(const float (&v)[8]) {
+  const unsigned lane = threadIdx.x % 32;
+  const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+  float a[4], b[2];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {  // a[k]: column 4 * b4 + k
+    const float send = b4 ? v[k] : v[k + 4], keep = b4 ? v[k + 4] : v[k];
+    a[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 16));
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {  // b[k]: column 4 * b4 + 2 * b3 + k
+    const float send = b3 ? a[k] : a[k + 2], keep = b3 ? a[k + 2] : a[k];
+    b[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 8));
+  }
+  const float send = b2 ? b[0] : b[1], keep = b2 ? b[1] : b[0];  // column 4 b4 + 2 b3 + b2
+  return fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 4));
+}
+
+// The inverse direction: `own` is this lane's value for column 8 cg + rg; returns in out[j]
+// the value of column 8 cg + j (from lane 4 j + cg).
+template <class T>
+__device__ __forceinline__ void gather_column_values(T own, T (&out)[8]) {
+  const unsigned cg = threadIdx.x % 4;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) out[j] = __shfl_sync(0xFFFFFFFFu, own, 4 * j + cg);
 }
 
 // ---------------------------------------------------------------- device: maxima

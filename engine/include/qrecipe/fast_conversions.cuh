@@ -90,6 +90,34 @@ __device__ __forceinline__ std::uint32_t f32x4_to_e5m2x4(float x0, float x1, flo
   return f32x2_to_e5m2x2(x0, x1) | (f32x2_to_e5m2x2(x2, x3) << 16);
 }
 
+// One code: == f32_to_e4m3(x) (the low byte of the pair conversion).
+__device__ __forceinline__ std::uint8_t f32_to_e4m3(float x) {
+  return static_cast<std::uint8_t>(f32x2_to_e4m3x2(x, 0.0f));
+}
+
+// ---------------------------------------------------------------- E2M1 encode (== reference)
+
+// == f32_to_e2m1(x) for every FP32 x: the 4-bit code (sign in bit 3) in the low nibble. No
+// hardware E2M1 conversion exists before sm_100, so this is arithmetic, branch-free:
+//   a = min(|x|, 6)             saturation (inf -> 6); fminf returns 6 for NaN
+//   e = max(floor(log2 a), 0)   the E2M1 binade (0 also for a < 1: E2M1 subnormals)
+//   k = RNE(a / 2^(e-1))        one IEEE addition a + 2^(e+22): the sum's ulp is 2^(e-1), so
+//                               it rounds a to a multiple of 2^(e-1), ties to even, exactly
+//                               once; k (0..4) is then the sum's bits minus 2^(e+22)'s bits
+//   code = 2e + k               (the reference's ((e + bias - 1) << 1) + q, and q for a < 1)
+//   sign = bit 31 of x, except NaN, which encodes as +6 (0x7) like the reference
+// tests/gpu/test_gpu_conversions.cpp proves it equal to num::f32_to_e2m1 over all 2^32 inputs.
+__device__ __forceinline__ std::uint32_t f32_to_e2m1(float x) {
+  const float a = fminf(fabsf(x), 6.0f);
+  const std::uint32_t binade = max(__float_as_uint(a), 0x3F800000u) & 0x7F800000u;  // 2^e
+  const std::uint32_t magic = binade + (22u << 23);                                  // 2^(e+22)
+  const float sum = a + __uint_as_float(magic);
+  const std::uint32_t k = __float_as_uint(sum) - magic;
+  const std::uint32_t code = (binade >> 22) - 254u + k;  // 2e + k
+  const std::uint32_t sign = x != x ? 0u : (__float_as_uint(x) >> 28) & 0x8u;
+  return code | sign;
+}
+
 // ---------------------------------------------------------------- packed input decodes
 
 // Two BF16 values of one little-endian word (element 0 in the low half): == bf16_to_f32 of
