@@ -18,6 +18,9 @@
  *     `error_new`. The engine takes ownership of a returned status and frees it.
  *   - Memory of quantized tensors is allocated by the host (the engine asks `layout` for the
  *     sizes, allocates, then calls `quantize` into the buffers). Plugins never own tensors.
+ *     Scale and amax buffers, and data buffers with padding (more values than rows x cols,
+ *     or a padding nibble of 4-bit codes), start zero-filled; a data buffer holding exactly
+ *     rows x cols values in whole bytes does not: `quantize` writes every one of its bytes.
  *
  * How to add a slot: append it at the end of the struct, bump nothing else, add a
  * `QR_ABI_V<n>_LAST` static_assert for the new last slot when the version is released, and

@@ -58,14 +58,24 @@ class QuantizedTensor {
       dd.layout.format = formats_[d].c_str();
       auto& store = storage_[d];
       store = std::make_unique<Storage>();
+      // A data buffer that holds exactly rows x cols values is written in full by every
+      // quantize (plugin_abi.h), so it is not zero-filled first: on the GPU that fill was a
+      // whole extra pass over the output. Padded data, scales and amax start at zero.
+      // (Sub-byte codes with an odd row length leave a padding nibble per row: zero-filled.)
+      std::int64_t values = 1;
+      for (int i = 0; i < l.data_ndim; ++i) values *= l.data_shape[i];
+      const bool whole_bytes = l.data_ndim < 1 || dtype_bits(static_cast<DType>(l.data_dtype)) >= 8 ||
+                               l.data_shape[l.data_ndim - 1] % 2 == 0;
+      const Buffer::Fill data_fill = values == rows * cols && whole_bytes ? Buffer::Fill::none
+                                                                           : Buffer::Fill::zero;
       dd.data = allocate(store->data, static_cast<DType>(l.data_dtype), l.data_ndim,
-                         l.data_shape, device, allocator);
+                         l.data_shape, device, allocator, data_fill);
       if (l.scale_ndim > 0)
         dd.scale_inv = allocate(store->scale, static_cast<DType>(l.scale_dtype), l.scale_ndim,
-                                l.scale_shape, device, allocator);
+                                l.scale_shape, device, allocator, Buffer::Fill::zero);
       if (l.has_amax) {
         const std::int64_t one[2] = {1, 0};
-        dd.amax = allocate(store->amax, DType::f32, 1, one, device, allocator);
+        dd.amax = allocate(store->amax, DType::f32, 1, one, device, allocator, Buffer::Fill::zero);
       }
     }
   }
@@ -138,11 +148,12 @@ class QuantizedTensor {
     return d == QR_DIRECTION_ROWWISE ? c_.rowwise : c_.columnwise;
   }
   static qr_tensor_view allocate(Buffer& buffer, DType dtype, int ndim, const std::int64_t* shape,
-                                 Device device, const std::shared_ptr<Allocator>& allocator) {
+                                 Device device, const std::shared_ptr<Allocator>& allocator,
+                                 Buffer::Fill fill) {
     QR_CHECK(ndim >= 1 && ndim <= 2, "layout buffer with ", ndim, " dimensions; expected 1 or 2");
     std::vector<std::int64_t> s(shape, shape + ndim);
     TensorView v(nullptr, dtype, s, device);
-    buffer = Buffer(allocator, static_cast<std::size_t>(v.nbytes()), device);
+    buffer = Buffer(allocator, static_cast<std::size_t>(v.nbytes()), device, fill);
     v.c().data = buffer.data();
     return v.c();
   }

@@ -151,15 +151,17 @@ inline std::shared_ptr<Allocator> cpu_allocator() {
   return instance;
 }
 
-// Owned, zero-filled bytes. Move-only.
+// Owned bytes, zero-filled unless the owner will write every byte itself. Move-only.
 class Buffer {
  public:
+  enum class Fill { zero, none };
   Buffer() = default;
-  Buffer(std::shared_ptr<Allocator> allocator, std::size_t bytes, Device device)
+  Buffer(std::shared_ptr<Allocator> allocator, std::size_t bytes, Device device,
+         Fill fill = Fill::zero)
       : allocator_(std::move(allocator)), bytes_(bytes), device_(device) {
     QR_CHECK(allocator_ != nullptr, "Buffer needs an allocator");
     ptr_ = allocator_->allocate(bytes, device);
-    allocator_->zero(ptr_, bytes, device);
+    if (fill == Fill::zero) allocator_->zero(ptr_, bytes, device);
   }
   ~Buffer() { release(); }
   Buffer(Buffer&& o) noexcept
