@@ -178,6 +178,29 @@ def bench_recipe(name, x, dy, weight, raw, bandwidth, bf16_ms, args) -> list:
             {"name": label + " vs bf16", **common, "ratio": bf16_ms / ms, "ratio_to": "bf16"}]
 
 
+def profile_steps(args) -> int:
+    """Prints, per recipe, the CUDA kernels of 5 steps sorted by total GPU time."""
+    from torch.profiler import ProfilerActivity, profile
+    features, tokens = args.features, args.tokens
+    x = torch.randn(tokens, features, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(tokens, features, device="cuda", dtype=torch.bfloat16)
+    for name in [n for n in args.recipes.split(",") if n]:
+        module = qrecipe.nn.Linear(features, features, bias=False, device="cuda",
+                                   dtype=torch.bfloat16, name="bench")
+        step = linear_step(module, x, dy, qrecipe.Recipe.builtin(name))
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+        print(f"==== {name}: 5 steps")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14,
+                                        max_name_column_width=70))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bench-gemm", required=True, help="path of the bench_gemm binary")
@@ -188,12 +211,17 @@ def main() -> int:
     parser.add_argument("--features", type=int, default=8192, help="in = out features")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--samples", type=int, default=7)
+    parser.add_argument("--profile", action="store_true",
+                        help="instead of timing: the GPU kernels of 5 steps per recipe "
+                             "(torch.profiler), to see where a step's time goes")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_linear: no CUDA device", file=sys.stderr)
         return 2
 
     tokens, features = args.tokens, args.features
+    if args.profile:
+        return profile_steps(args)
     device_name = torch.cuda.get_device_name()
     flops = 3 * 2 * tokens * features * features  # fprop + dgrad + wgrad
     torch.manual_seed(0)

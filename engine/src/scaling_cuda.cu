@@ -15,18 +15,43 @@ void check(cudaError_t status, const char* call, int device, std::size_t states)
                 cudaGetErrorName(status), ": ", cudaGetErrorString(status));
 }
 
-// One thread per state: the history roll is sequential within a state (a few thousand floats
-// at most), and states are independent.
-__global__ void update_kernel(const DeviceScalingUpdate* updates, int count) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= count) return;
-  const DeviceScalingUpdate u = updates[i];
-  const float amax = u.amax_from_history ? u.history[0] : u.reduced_amax;
-  delayed_scaling_update(u.history, u.length, u.scale, u.scale_inv, amax, u.most_recent != 0,
-                         u.margin, u.fmax);
-}
+// One block per state. The roll reads every old entry before any is written (a barrier
+// between), and the window maximum is an exact max, so the block computes what the sequential
+// delayed_scaling_update of scaling.hpp computes, in any order: fmaxf ignores NaN either way,
+// and amaxes are never -0. A history longer than the shared staging area takes the sequential
+// function on one thread. (One thread per state took ~50 us for a 1024-step history.)
+constexpr int kThreads = 256;
+constexpr int kMaxStagedHistory = 8192;  // 32 KiB of shared memory
 
-constexpr int kThreads = 128;
+__global__ void update_kernel(const DeviceScalingUpdate* updates, int staged_length) {
+  extern __shared__ float staged[];  // [staged_length]: old history[1..L-1], then last
+  __shared__ float warp_max[kThreads / 32];
+  const DeviceScalingUpdate u = updates[blockIdx.x];
+  const float reduced = u.amax_from_history ? u.history[0] : u.reduced_amax;
+  if (u.length > staged_length) {
+    if (threadIdx.x == 0)
+      delayed_scaling_update(u.history, u.length, u.scale, u.scale_inv, reduced,
+                             u.most_recent != 0, u.margin, u.fmax);
+    return;
+  }
+  const float last = reduced != 0.0f ? reduced : u.history[0];
+  if (last == 0.0f) return;  // the same for every thread of the block
+  float amax = last;
+  for (int i = threadIdx.x; i < u.length; i += blockDim.x) {
+    const float a = i < u.length - 1 ? u.history[i + 1] : last;
+    staged[i] = a;
+    if (!u.most_recent) amax = fmaxf(amax, a);
+  }
+  for (int offset = 16; offset > 0; offset /= 2)
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
+  __syncthreads();  // every old entry is staged, every warp's max is stored
+  for (int i = threadIdx.x; i < u.length; i += blockDim.x) u.history[i] = i > 0 ? staged[i] : 0.0f;
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
+    delayed_scaling_scale(amax, u.margin, u.fmax, u.scale, u.scale_inv);
+  }
+}
 
 // Makes `device` current for the scope and restores the previous device after.
 class CurrentDevice {
@@ -83,8 +108,10 @@ void DeviceScalingTable::run(const std::vector<DeviceScalingUpdate>& updates,
     version_ = version;
     uploaded_ = true;
   }
-  const int blocks = static_cast<int>((n + kThreads - 1) / kThreads);
-  update_kernel<<<blocks, kThreads, 0, s>>>(table_, static_cast<int>(n));
+  int staged = 0;  // the longest history that fits the staging area
+  for (const auto& u : updates)
+    if (u.length <= kMaxStagedHistory && u.length > staged) staged = u.length;
+  update_kernel<<<static_cast<unsigned>(n), kThreads, staged * sizeof(float), s>>>(table_, staged);
   last_stream_ = stream;
   check(cudaGetLastError(), "delayed-scaling update kernel launch", device_, n);
 }

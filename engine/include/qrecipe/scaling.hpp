@@ -31,6 +31,18 @@ QR_HD float scale_from_amax(float amax, float fmax, bool pow2, float eps,
 //   roll: history[i] = old[i+1] (1 <= i <= L-2), history[L-1] = last, history[0] = 0.
 //   scale = (fmax * 2^-margin) / amax if amax is finite and > 0, else unchanged;
 //   an infinite result becomes FLT_MAX. scale_inv = 1 / scale.
+// The last step of the update: the scale and its inverse from the window's amax.
+QR_HD void delayed_scaling_scale(float amax, int margin, float fmax, float* scale,
+                                 float* scale_inv) {
+  const float scaled_max = fmax * num::exp2i(-margin);
+  if (num::is_finite(amax) && amax > 0.0f) {
+    float s = scaled_max / amax;
+    if (num::is_inf(s)) s = FLT_MAX;
+    *scale = s;
+  }
+  *scale_inv = 1.0f / *scale;
+}
+
 QR_HD void delayed_scaling_update(float* history, int length, float* scale, float* scale_inv,
                                   float reduced_amax, bool most_recent, int margin, float fmax) {
   const float last = reduced_amax != 0.0f ? reduced_amax : history[0];
@@ -41,13 +53,7 @@ QR_HD void delayed_scaling_update(float* history, int length, float* scale, floa
     if (!most_recent) amax = fmaxf(amax, a);
     history[i] = i > 0 ? a : 0.0f;
   }
-  const float scaled_max = fmax * num::exp2i(-margin);
-  if (num::is_finite(amax) && amax > 0.0f) {
-    float s = scaled_max / amax;
-    if (num::is_inf(s)) s = FLT_MAX;
-    *scale = s;
-  }
-  *scale_inv = 1.0f / *scale;
+  delayed_scaling_scale(amax, margin, fmax, scale, scale_inv);
 }
 
 }  // namespace qrecipe
