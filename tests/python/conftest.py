@@ -43,3 +43,20 @@ def weight_quantizations(monkeypatch):
     weight_cache.clear()
     weight_cache.reset_stats()
     return calls
+
+
+def forward_backward(module, x, dy, recipe=None, enabled=True, *args):
+    """[output, input gradient, every parameter's gradient in registration order] of one step
+    of `module` (extra forward arguments in `args`), under `recipe` unless recipe is None and
+    not enabled (then outside any autocast block)."""
+    x = x.detach().clone().requires_grad_()
+    module.zero_grad()
+    if recipe is None and not enabled:
+        y = module(x, *args)
+    else:
+        import qrecipe
+        with qrecipe.autocast(recipe, enabled=enabled):
+            y = module(x, *args)
+    y.backward(dy)
+    return [y.detach(), x.grad] + [p.grad for p in module.parameters()]
+

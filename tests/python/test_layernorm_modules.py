@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import qrecipe
+from conftest import forward_backward
 from test_recipes import DTYPE, TOLERANCE, rel  # one tolerance table for every module
 
 NONE = qrecipe.Recipe.builtin("none")
@@ -62,7 +63,13 @@ def lnlinear_pair(normalization="LayerNorm", bias=True, dtype=torch.float32, d_i
     ref = TorchLayerNormLinear(d_in, d_out, normalization, bias, dtype)
     ours = qrecipe.nn.LayerNormLinear(d_in, d_out, bias=bias, normalization=normalization,
                                       dtype=dtype, name="attn.qkv")
-    with torch.no_grad():  # non-trivial norm parameters, so they matter in the comparison
+    return share_parameters(ref, ours, normalization)
+
+
+def share_parameters(ref, ours, normalization):
+    """Non-trivial norm parameters in `ref` (so they matter in the comparison), copied into
+    `ours` parameter by parameter in registration order."""
+    with torch.no_grad():
         ref.norm.weight.uniform_(0.5, 1.5)
         if normalization == "LayerNorm":
             ref.norm.bias.uniform_(-0.5, 0.5)
@@ -76,26 +83,10 @@ def mlp_pair(normalization="LayerNorm", activation="gelu", bias=True, dtype=torc
     ref = TorchLayerNormMLP(hidden, ffn, normalization, activation, bias, dtype)
     ours = qrecipe.nn.LayerNormMLP(hidden, ffn, bias=bias, normalization=normalization,
                                    activation=activation, dtype=dtype, name="layers.0.mlp")
-    with torch.no_grad():
-        ref.norm.weight.uniform_(0.5, 1.5)
-        if normalization == "LayerNorm":
-            ref.norm.bias.uniform_(-0.5, 0.5)
-    ours.load_state_dict(dict(zip([n for n, _ in ours.named_parameters()],
-                                  [p.detach() for p in ref.parameters()])))
-    return ref, ours
+    return share_parameters(ref, ours, normalization)
 
 
-def run(module, x, dy, recipe=None, enabled=True):
-    """Output and every gradient (input first, then parameters in registration order)."""
-    x = x.detach().clone().requires_grad_()
-    module.zero_grad()
-    if recipe is None and not enabled:
-        y = module(x)
-    else:
-        with qrecipe.autocast(recipe, enabled=enabled):
-            y = module(x)
-    y.backward(dy)
-    return [y.detach(), x.grad] + [p.grad for p in module.parameters()]
+run = forward_backward  # [output, input grad, parameter grads...]
 
 
 def assert_all_equal(got, want):

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import qrecipe
+from conftest import forward_backward
 from qrecipe import _C
 
 NONE = qrecipe.Recipe.builtin("none")
@@ -21,16 +22,8 @@ def pair(in_features, out_features, bias, dtype=torch.float32):
 
 
 def run(module, x, dy, recipe=None, enabled=True):
-    x = x.detach().clone().requires_grad_()
-    module.zero_grad()
-    if recipe is None and not enabled:
-        y = module(x)
-    else:
-        with qrecipe.autocast(recipe, enabled=enabled):
-            y = module(x)
-    y.backward(dy)
-    grads = [x.grad] + [p.grad for p in module.parameters()]
-    return y.detach(), grads
+    y, *grads = forward_backward(module, x, dy, recipe, enabled)
+    return y, grads
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
