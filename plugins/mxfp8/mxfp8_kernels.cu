@@ -86,18 +86,22 @@ constexpr int kBlock = 32;  // elements per MX block (ref::kBlockSize)
 // rowwise block is one row of 4 lanes and a 32x1 columnwise block one column of 8 lanes: both
 // amaxes are warp shuffles, no shared memory and no barrier. A CTA is kWarps warps side by side
 // (a 32 x 256 strip per row tile) and each warp first loads kRowTiles warp tiles stacked down
-// the rows (8 or 16 16-byte loads in flight per lane), then quantizes them one by one.
+// the rows, then quantizes them one by one.
 template <class In>
 struct QuantizeTile {
   static constexpr int kWarps = 8;
   static constexpr int kThreads = 32 * kWarps;
-  // Warp tiles loaded ahead per warp: 16 bytes x 4 runs x kRowTiles in flight per lane (an
-  // f32 run is two 16-byte loads already).
-  static constexpr int kRowTiles = sizeof(typename In::Storage) == 4 ? 1 : 2;
-  static constexpr int kRows = 32 * kRowTiles;  // CTA tile: 64 x 256 (f32: 32 x 256)
+  // Warp tiles loaded ahead per warp. One: small CTAs, many of them resident, keep the DRAM
+  // busier than fewer CTAs with more loads each (H100, bf16 8192x8192: 2 tiles at 3 CTAs an SM
+  // gave 0.86 / 0.89 / 0.76 of the copy ceiling rowwise / columnwise / both, 1 tile at 4 CTAs
+  // 0.92 / 0.94 / 0.86).
+  static constexpr int kRowTiles = 1;
+  static constexpr int kRows = 32 * kRowTiles;  // CTA tile: 32 x 256
   static constexpr int kCols = 32 * kWarps;
-  // Registers capped at 85 a thread: 3 CTAs (24 warps) per SM keep enough loads in flight.
-  static constexpr int kMinBlocksPerSM = 3;
+  // 16-bit sources: registers capped at 64 a thread, 4 CTAs (32 warps) an SM (bf16 spills 20
+  // bytes a thread and is still the fastest setting measured); f32 runs take more registers:
+  // 85 a thread, 3 CTAs.
+  static constexpr int kMinBlocksPerSM = sizeof(typename In::Storage) == 4 ? 3 : 4;
   static_assert(kBlock == 32, "a warp tile is one block high and one block wide");
   static_assert(kWarps == 8, "a CTA row of rowwise scales is one 8-byte word");
 };

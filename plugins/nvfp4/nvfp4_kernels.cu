@@ -234,10 +234,15 @@ __device__ __forceinline__ void store_packed(std::uint8_t* dst, const std::uint8
 // ---------------------------------------------------------------- 3. kernels
 
 // Plain amax: grid-stride over 16-byte runs, kAmaxUnroll independent loads in flight per
-// thread, a block max, then one atomic per block into each non-null output.
+// thread, a block max, then one atomic per block into each non-null output. 16-bit runs stay
+// packed until the loads of a round are all issued (4 registers a run instead of 8: more
+// threads resident), and the grid is one wave of resident blocks (launch_amax), so every
+// thread has the same share and no partial last wave leaves SMs idle. H100, bf16 8192x8192:
+// 4 packed runs a thread (31 registers, 8 blocks an SM) did as well as 8 (99 registers, or
+// 56 capped at 4 blocks an SM); 8 decoded runs a thread (77 registers) and a grid of 8 blocks
+// an SM (2.7 waves at 3 resident) ran the pass at 65% of DRAM peak.
 constexpr int kAmaxThreads = 256;
 constexpr int kAmaxUnroll = 4;
-constexpr int kAmaxBlocksPerSM = 2048 / kAmaxThreads;  // a full SM of resident threads: 8
 
 template <class In>
 __global__ void __launch_bounds__(kAmaxThreads)
@@ -249,17 +254,35 @@ __global__ void __launch_bounds__(kAmaxThreads)
   float running = 0.0f;
   for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        base < runs; base += stride * kAmaxUnroll) {
-    float x[kAmaxUnroll][N];
+    if constexpr (sizeof(typename In::Storage) == 2) {
+      static_assert(N == 8, "a 16-byte run of 16-bit elements is one Raw8");
+      sdk::cuda::Raw8<In> raw[kAmaxUnroll];
 #pragma unroll
-    for (int u = 0; u < kAmaxUnroll; ++u) {
-      const std::int64_t offset = (base + u * stride) * N;
-      const int valid = valid_in_run(offset, numel, N);
-      load_run<In, N>(src, offset, valid, src_aligned && valid == N, x[u]);
+      for (int u = 0; u < kAmaxUnroll; ++u) {
+        const std::int64_t offset = (base + u * stride) * N;
+        const int valid = valid_in_run(offset, numel, N);  // the rest read as +0
+        sdk::cuda::load_raw8<In>(src, offset, valid, src_aligned && valid == N, raw[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kAmaxUnroll; ++u) {
+        float x[N];
+        sdk::cuda::decode_raw8<In>(raw[u], x);
+#pragma unroll
+        for (int k = 0; k < N; ++k) running = fmaxf(running, num::abs_f(x[k]));  // NaN ignored
+      }
+    } else {
+      float x[kAmaxUnroll][N];
+#pragma unroll
+      for (int u = 0; u < kAmaxUnroll; ++u) {
+        const std::int64_t offset = (base + u * stride) * N;
+        const int valid = valid_in_run(offset, numel, N);
+        load_run<In, N>(src, offset, valid, src_aligned && valid == N, x[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kAmaxUnroll; ++u)
+#pragma unroll
+        for (int k = 0; k < N; ++k) running = fmaxf(running, num::abs_f(x[u][k]));
     }
-#pragma unroll
-    for (int u = 0; u < kAmaxUnroll; ++u)
-#pragma unroll
-      for (int k = 0; k < N; ++k) running = fmaxf(running, num::abs_f(x[u][k]));
   }
   const float block = block_max<kAmaxThreads>(running);
   if (threadIdx.x == 0 && block > 0.0f) {
@@ -449,16 +472,54 @@ struct Tile1d {
   static_assert(kRowScaleBytes == 16 && kColScaleBytes <= 4, "scale rows as one vector");
 };
 
-// The E2M1 code (low nibble) of v: round to nearest (num::fast::f32_to_e2m1 ==
-// rules::round_nearest) or stochastic rounding with the element's random word.
-template <bool kStochastic>
-__device__ __forceinline__ std::uint32_t encode_element(float v, const RandomStream& random,
+// The E2M1 code (low nibble) of v = x * enc: round to nearest (== rules::round_nearest, via
+// num::fast::f32_to_e2m1, or, when no element of the warp tile is NaN, the magnitude of
+// |x| * enc with x's sign: |x * enc| = |x| * enc and the sign is x's because enc is positive
+// and finite, and f32_to_e2m1_non_nan == f32_to_e2m1 off NaN) or stochastic rounding with the
+// element's random word.
+template <bool kStochastic, bool kNaNFree>
+__device__ __forceinline__ std::uint32_t encode_element(float x, float enc,
+                                                        const RandomStream& random,
                                                         std::uint64_t index) {
   if constexpr (kStochastic)
-    return rules::round_stochastic(v, sr_random_word(random.seed, index, random.call_offset)) &
+    return rules::round_stochastic(x * enc,
+                                   sr_random_word(random.seed, index, random.call_offset)) &
            0xFu;
+  else if constexpr (kNaNFree)
+    return num::fast::e2m1_magnitude(fabsf(x) * enc) | ((__float_as_uint(x) >> 28) & 0x8u);
   else
-    return num::fast::f32_to_e2m1(v) & 0xFu;
+    return num::fast::f32_to_e2m1(x * enc);
+}
+
+// Column k's 4 codes (rows first_row .. + 3 of transposed row col + k) in 16 bits, k = 0..7.
+template <bool kStochastic, bool kNaNFree>
+__device__ __forceinline__ void encode_columns(const float (&x)[4][8], const float (&enc)[8],
+                                               const RandomStream& random, std::int64_t col,
+                                               std::int64_t rows, std::int64_t first_row,
+                                               std::uint32_t (&half)[8]) {
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    std::uint32_t h = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      h |= encode_element<kStochastic, kNaNFree>(
+               x[i][k], enc[k], random, static_cast<std::uint64_t>((col + k) * rows + first_row + i))
+           << (4 * i);
+    half[k] = h;
+  }
+}
+
+// Codes of one warp tile, both directions (see quantize_1d_kernel). kNaNFree: no element of
+// the warp's tile is NaN (the common case: no per-element NaN test).
+template <bool kStochastic, bool kNaNFree>
+__device__ __forceinline__ std::uint32_t encode_row8(const float (&x)[8], float enc,
+                                                     const RandomStream& random,
+                                                     std::uint64_t first_index) {
+  std::uint32_t word = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+    word |= encode_element<kStochastic, kNaNFree>(x[k], enc, random, first_index + k) << (4 * k);
+  return word;
 }
 
 template <class In, bool kStochastic>
@@ -506,60 +567,87 @@ __global__ void __launch_bounds__(Tile1d<In>::kThreads, Tile1d<In>::kMinBlocksPe
 #pragma unroll
     for (int i = 0; i < R; ++i) sdk::cuda::decode_raw8<In>(raw[t][i], x[i]);
 
+    bool lane_nan = false;
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+      for (int k = 0; k < C; ++k) lane_nan |= x[i][k] != x[i][k];
+    const bool warp_nan = __any_sync(0xFFFFFFFFu, lane_nan);  // rare: NaN-exact slow path
+
     if (want_row) {
-      // Bit i: row i of the lane's 8 elements holds a NaN; then over the lane pair.
+      // Bit i: row i of the lane pair's 16 elements (one 1x16 block) holds a NaN.
       std::uint32_t nan_rows = 0;
+      if (warp_nan) {
 #pragma unroll
-      for (int i = 0; i < R; ++i) {
-        bool any = false;
+        for (int i = 0; i < R; ++i) {
+          bool any = false;
 #pragma unroll
-        for (int k = 0; k < C; ++k) any |= x[i][k] != x[i][k];
-        nan_rows |= any ? 1u << i : 0u;
+          for (int k = 0; k < C; ++k) any |= x[i][k] != x[i][k];
+          nan_rows |= any ? 1u << i : 0u;
+        }
+        nan_rows |= __shfl_xor_sync(0xFFFFFFFFu, nan_rows, 1);
       }
-      nan_rows |= __shfl_xor_sync(0xFFFFFFFFu, nan_rows, 1);
+      float amax[R];
 #pragma unroll
       for (int i = 0; i < R; ++i) {
-        float amax = 0.0f;
+        amax[i] = 0.0f;
 #pragma unroll
-        for (int k = 0; k < C; ++k) amax = fmaxf(amax, num::abs_f(x[i][k]));  // NaN ignored
-        amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-        const std::uint8_t code = block_scale_code(amax, row_s_enc);
-        const float enc = rules::element_encode_factor(code, row_s_dec);
+        for (int k = 0; k < C; ++k) amax[i] = fmaxf(amax[i], num::abs_f(x[i][k]));  // NaN ignored
+        amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xFFFFFFFFu, amax[i], 1));
+      }
+      // The pair agrees on all 4 rows: the even lane works out the scales of rows 0-1, the odd
+      // lane of rows 2-3, and they swap encode factors.
+      const bool odd = cg & 1;
+      float mine[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int i = (odd ? 2 : 0) + j;
+        const float block_amax = odd ? amax[2 + j] : amax[j];
+        const std::uint8_t code = block_scale_code(block_amax, row_s_enc);
+        mine[j] = rules::element_encode_factor(code, row_s_dec);
+        row_scales[t * 32 + rg * R + i][warp * 2 + cg / 2] =
+            (nan_rows >> i) & 1u ? rules::kNanScaleCode : code;
+      }
+      const float other0 = __shfl_xor_sync(0xFFFFFFFFu, mine[0], 1);
+      const float other1 = __shfl_xor_sync(0xFFFFFFFFu, mine[1], 1);
+      const float enc[R] = {odd ? other0 : mine[0], odd ? other1 : mine[1],
+                            odd ? mine[0] : other0, odd ? mine[1] : other1};
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
         const std::int64_t r = lane_row + i;
-        std::uint32_t word = 0;
-#pragma unroll
-        for (int k = 0; k < C; ++k)
-          word |= encode_element<kStochastic>(x[i][k] * enc, p.random,
-                                              static_cast<std::uint64_t>(r * p.cols + col + k))
-                  << (4 * k);
+        const auto first = static_cast<std::uint64_t>(r * p.cols + col);
+        const std::uint32_t word =
+            warp_nan ? encode_row8<kStochastic, false>(x[i], enc[i], p.random, first)
+                     : encode_row8<kStochastic, true>(x[i], enc[i], p.random, first);
         if (r < p.rows && valid_cols > 0) {
           const int valid_bytes = (valid_cols + 1) / 2;
           sdk::cuda::store_bytes4(p.row_data, r * p.row_pitch + col / 2, valid_bytes,
                                   p.row_vector_ok && valid_bytes == 4, word);
         }
-        if ((i & 1) == (cg & 1))  // the pair agrees: each lane parks 2 of the 4 rows
-          row_scales[t * 32 + rg * R + i][warp * 2 + cg / 2] =
-              (nan_rows >> i) & 1u ? rules::kNanScaleCode : code;
       }
     }
 
     if (want_col) {
       float colmax[C];
-      std::uint32_t nan_cols = 0;  // bit k: column k of the lane's 4 rows holds a NaN
+      std::uint32_t nan_cols = 0;  // bit k: column k of the 16x1 block holds a NaN
 #pragma unroll
       for (int k = 0; k < C; ++k) {
         colmax[k] = 0.0f;
-        bool any = false;
 #pragma unroll
-        for (int i = 0; i < R; ++i) {
-          colmax[k] = fmaxf(colmax[k], num::abs_f(x[i][k]));
-          any |= x[i][k] != x[i][k];
-        }
-        nan_cols |= any ? 1u << k : 0u;
+        for (int i = 0; i < R; ++i) colmax[k] = fmaxf(colmax[k], num::abs_f(x[i][k]));
       }
-      // Over the 4 lanes of a 16x1 block (lane bits 2 and 3).
-      nan_cols |= __shfl_xor_sync(0xFFFFFFFFu, nan_cols, 8);
-      nan_cols |= __shfl_xor_sync(0xFFFFFFFFu, nan_cols, 4);
+      if (warp_nan) {
+#pragma unroll
+        for (int k = 0; k < C; ++k) {
+          bool any = false;
+#pragma unroll
+          for (int i = 0; i < R; ++i) any |= x[i][k] != x[i][k];
+          nan_cols |= any ? 1u << k : 0u;
+        }
+        // Over the 4 lanes of a 16x1 block (lane bits 2 and 3).
+        nan_cols |= __shfl_xor_sync(0xFFFFFFFFu, nan_cols, 8);
+        nan_cols |= __shfl_xor_sync(0xFFFFFFFFu, nan_cols, 4);
+      }
       const bool b3 = lane & 8, b2 = lane & 4;
       float a[4], own_max[2];
 #pragma unroll
@@ -588,17 +676,8 @@ __global__ void __launch_bounds__(Tile1d<In>::kThreads, Tile1d<In>::kMinBlocksPe
         enc[j] = __shfl_sync(0xFFFFFFFFu, own_enc[j & 1], ((rg / 4) * 4 + j / 2) * 4 + cg);
       // Column k's 4 codes: 2 bytes of transposed row col + k at rows lane_row ..
       std::uint32_t half[C];
-#pragma unroll
-      for (int k = 0; k < C; ++k) {
-        std::uint32_t h = 0;
-#pragma unroll
-        for (int i = 0; i < R; ++i)
-          h |= encode_element<kStochastic>(
-                   x[i][k] * enc[k], p.random,
-                   static_cast<std::uint64_t>((col + k) * p.rows + lane_row + i))
-               << (4 * i);
-        half[k] = h;
-      }
+      if (warp_nan) encode_columns<kStochastic, false>(x, enc, p.random, col, p.rows, lane_row, half);
+      else encode_columns<kStochastic, true>(x, enc, p.random, col, p.rows, lane_row, half);
       // Lane pairs rg = 2m, 2m + 1 (lane bit 2) make 8 rows = 4 bytes: the even lane stores
       // columns 0..3, the odd lane columns 4..7.
       const bool odd = rg & 1;
@@ -722,10 +801,16 @@ void launch_amax(const void* src, std::int64_t numel, float* out0, float* out1,
                  cudaStream_t stream) {
   using Storage = typename In::Storage;
   constexpr int N = kRunLength<In>;
-  // Enough blocks to fill every SM once; the grid-stride loop covers the rest.
+  // At most the blocks resident at once (one wave); the grid-stride loop covers the rest.
+  static const int blocks_per_sm = [] {
+    int n = 0;
+    QR_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, amax_kernel<In>, kAmaxThreads, 0));
+    return n < 1 ? 1 : n;
+  }();
   const std::int64_t runs = ceil_div(numel, N);
   std::int64_t blocks = ceil_div(runs, static_cast<std::int64_t>(kAmaxThreads) * kAmaxUnroll);
-  const std::int64_t max_blocks = static_cast<std::int64_t>(sm_count()) * kAmaxBlocksPerSM;
+  const std::int64_t max_blocks = static_cast<std::int64_t>(sm_count()) * blocks_per_sm;
   blocks = blocks < 1 ? 1 : (blocks > max_blocks ? max_blocks : blocks);
   amax_kernel<In><<<static_cast<unsigned>(blocks), kAmaxThreads, 0, stream>>>(
       static_cast<const Storage*>(src), numel, is_aligned(src, 16), out0, out1);

@@ -23,7 +23,8 @@ struct SweepResult {
   std::uint64_t mismatches = 0;
   // Encode sweeps: the raw hardware conversion (no NaN rule) vs the reference, split by
   // whether the input is NaN. Informational for NaN (the NaN rule exists for them); must be
-  // 0 otherwise.
+  // 0 otherwise. E2M1 sweep: raw_other_mismatches counts fast::f32_to_e2m1_non_nan against
+  // the reference on non-NaN inputs (must be 0).
   std::uint64_t raw_nan_mismatches = 0;
   std::uint64_t raw_other_mismatches = 0;
   // F16 decode sweep: NaN inputs whose hardware NaN has other bits than the reference's NaN

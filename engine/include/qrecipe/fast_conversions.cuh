@@ -107,15 +107,28 @@ __device__ __forceinline__ std::uint8_t f32_to_e4m3(float x) {
 //   code = 2e + k               (the reference's ((e + bias - 1) << 1) + q, and q for a < 1)
 //   sign = bit 31 of x, except NaN, which encodes as +6 (0x7) like the reference
 // tests/gpu/test_gpu_conversions.cpp proves it equal to num::f32_to_e2m1 over all 2^32 inputs.
+__device__ __forceinline__ std::uint32_t e2m1_magnitude(float a);
+
 __device__ __forceinline__ std::uint32_t f32_to_e2m1(float x) {
-  const float a = fminf(fabsf(x), 6.0f);
+  const std::uint32_t sign = x != x ? 0u : (__float_as_uint(x) >> 28) & 0x8u;
+  return e2m1_magnitude(fabsf(x)) | sign;  // fminf inside maps NaN to 6: code 7
+}
+
+// The 3-bit magnitude code of a = |x| (any non-negative FP32, +inf and NaN give 7): steps
+// 1 to 4 above. Kernels that know x's sign separately (v = x * enc with enc > 0 has |v| =
+// |x| * enc and v's sign is x's) call this on |x| * enc.
+__device__ __forceinline__ std::uint32_t e2m1_magnitude(float a) {
+  a = fminf(a, 6.0f);
   const std::uint32_t binade = max(__float_as_uint(a), 0x3F800000u) & 0x7F800000u;  // 2^e
   const std::uint32_t magic = binade + (22u << 23);                                  // 2^(e+22)
   const float sum = a + __uint_as_float(magic);
-  const std::uint32_t k = __float_as_uint(sum) - magic;
-  const std::uint32_t code = (binade >> 22) - 254u + k;  // 2e + k
-  const std::uint32_t sign = x != x ? 0u : (__float_as_uint(x) >> 28) & 0x8u;
-  return code | sign;
+  return (binade >> 22) - 254u + (__float_as_uint(sum) - magic);  // 2e + k
+}
+
+// == f32_to_e2m1(x) for every x that is not NaN (a NaN keeps its sign bit here: the caller
+// must route NaN inputs to f32_to_e2m1). Proven with f32_to_e2m1 by the same sweep.
+__device__ __forceinline__ std::uint32_t f32_to_e2m1_non_nan(float x) {
+  return e2m1_magnitude(fabsf(x)) | ((__float_as_uint(x) >> 28) & 0x8u);
 }
 
 // ---------------------------------------------------------------- packed input decodes
