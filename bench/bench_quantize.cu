@@ -282,7 +282,12 @@ const BenchSet kBenchSets[] = {
     {"float8", "delayed", "{format: float8, scaling: delayed, dtype: e4m3}", 1},
     {"mxfp8", "default", "{format: mxfp8}", 1},
     {"nvfp4", "default", "{format: nvfp4}", 2},
+    // NVFP4's variants, reported with their cost against the same two-pass floor.
+    {"nvfp4", "2d", "{format: nvfp4, 2d: true}", 2},
+    {"nvfp4", "hadamard", "{format: nvfp4, hadamard: true}", 2},
+    {"nvfp4", "stochastic_rounding", "{format: nvfp4, stochastic_rounding: true}", 2},
     {"blockwise", "default", "{format: blockwise}", 1},
+    {"blockwise", "128x128", "{format: blockwise, block: 128x128}", 1},
     {"hybrid", "float8_e4m3_e5m2",
      "{format: hybrid, rowwise: {format: float8, dtype: e4m3}, "
      "columnwise: {format: float8, dtype: e5m2}}",
