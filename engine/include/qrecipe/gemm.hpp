@@ -13,9 +13,11 @@
 // Execution: on the CPU every GEMM is the reference path (both operands decoded to FP32, FP32
 // accumulation, blocked and multi-threaded, deterministic). On CUDA (engine/src/gemm_cuda.cpp),
 // pairs the table marks native go to cuBLASLt (loaded lazily, see engine/src/cublaslt.hpp) and
-// all others are emulated on the GPU: each operand decoded by its quantizer's CUDA dequantize
-// (to BF16 where that is exact, FP32 otherwise) and one cuBLASLt GEMM with FP32 accumulation
-// (DESIGN.md section 6). A CUDA operand never falls back to the CPU; operands and output on
+// all others are emulated on the GPU: each operand decoded to BF16 by the engine's own
+// layout-driven decoders, the per-tensor factors (FP8 scale_inv, NVFP4's tensor factor) moved
+// into a device-side alpha, where BF16 holds every value exactly (checked per tensor on the
+// device for MXFP8 and blockwise); otherwise both operands decoded to FP32 by their quantizers'
+// CUDA dequantize. Then one cuBLASLt GEMM with FP32 accumulation (DESIGN.md section 6). A CUDA operand never falls back to the CPU; operands and output on
 // different devices are an error.
 #pragma once
 
