@@ -62,12 +62,15 @@ class QuantizedTensor {
       // quantize (plugin_abi.h), so it is not zero-filled first: on the GPU that fill was a
       // whole extra pass over the output. Padded data, scales and amax start at zero.
       // (Sub-byte codes with an odd row length leave a padding nibble per row: zero-filled.)
-      std::int64_t values = 1;
-      for (int i = 0; i < l.data_ndim; ++i) values *= l.data_shape[i];
-      const bool whole_bytes = l.data_ndim < 1 || dtype_bits(static_cast<DType>(l.data_dtype)) >= 8 ||
-                               l.data_shape[l.data_ndim - 1] % 2 == 0;
-      const Buffer::Fill data_fill = values == rows * cols && whole_bytes ? Buffer::Fill::none
-                                                                           : Buffer::Fill::zero;
+      // (An invalid rank is reported by allocate() below.)
+      Buffer::Fill data_fill = Buffer::Fill::zero;
+      if (l.data_ndim >= 1 && l.data_ndim <= 2) {
+        std::int64_t values = 1;
+        for (int i = 0; i < l.data_ndim; ++i) values *= l.data_shape[i];
+        const bool whole_bytes = dtype_bits(static_cast<DType>(l.data_dtype)) >= 8 ||
+                                 l.data_shape[l.data_ndim - 1] % 2 == 0;
+        if (values == rows * cols && whole_bytes) data_fill = Buffer::Fill::none;
+      }
       dd.data = allocate(store->data, static_cast<DType>(l.data_dtype), l.data_ndim,
                          l.data_shape, device, allocator, data_fill);
       if (l.scale_ndim > 0)
