@@ -16,9 +16,12 @@ See docs/adapter.md. Modules of the package, one responsibility each:
                 one grouped parameter), their base QuantizedModule and autograd functions
   convert       convert(): nn.Linear -> qrecipe.nn.Linear in place; names every qrecipe
                 module by its path
+  checkpointing checkpoint(): activation checkpointing whose recomputation replays the
+                forward's recipe
 """
 from ._engine import QrecipeError, RecipeError, _C
 from .autocasting import autocast, current_recipe, is_enabled
+from .checkpointing import checkpoint
 from .convert import convert
 from .quantization import QuantizedTensor, Quantizer, quantize
 from .recipe import Recipe
@@ -37,6 +40,7 @@ def plugins():
 
 
 __all__ = [
+    "checkpoint",
     "QrecipeError", "RecipeError", "Recipe", "autocast", "current_recipe", "is_enabled",
     "convert", "quantize", "QuantizedTensor", "Quantizer", "nn", "plugins", "__version__",
     "drop_scaling_states", "QuantizedWeight", "QuantizedParameter", "quantized_model_init",

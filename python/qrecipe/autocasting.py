@@ -94,3 +94,16 @@ class autocast(contextlib.ContextDecorator):
     def __exit__(self, *exc) -> bool:
         _state.stack.pop()
         return False
+
+
+@contextlib.contextmanager
+def _replay(recipe: Optional[Recipe]):
+    """Re-enters the autocast state a forward ran under (qrecipe.checkpoint's recomputation):
+    `recipe` (None: high precision) becomes the innermost entry without running any pending
+    scaling update, so a recomputation inside backward never advances the scales between a
+    forward and its backward."""
+    _state.stack.append(recipe)
+    try:
+        yield
+    finally:
+        _state.stack.pop()
