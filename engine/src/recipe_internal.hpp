@@ -1,0 +1,127 @@
+// Internal to the recipe implementation (engine/src/recipe*.cpp), never installed: what the
+// parser, the validator and the Recipe members share. DESIGN.md section 5.
+//
+//   recipe_glob.cpp      glob_match, RuleMatch, and the pattern check the parser uses
+//   recipe_parse.cpp     YAML text -> ParsedRecipe (structure only, option values as text)
+//   recipe_validate.cpp  specs x the loaded plugins' schemas -> typed specs or Problems
+//   recipe.cpp           the Recipe members (load, parse, check, validate, resolve)
+//
+// The parser and the validator collect every problem they find (a Problem is a location, a
+// key path and a message) instead of stopping at the first, so `qrecipe recipe check` shows
+// them all in one run.
+#pragma once
+
+#include <algorithm>
+#include <charconv>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "qrecipe/recipe.hpp"
+#include "qrecipe/registry.hpp"
+
+namespace qrecipe::recipe_internal {
+
+constexpr int kRecipeVersion = 1;  // the only recipe version this build reads
+
+// One problem found in a recipe or spec; becomes a RecipeError "file:l:c: path: what".
+struct Problem {
+  SourceLocation location;
+  std::string path;  // key path, e.g. "rules[2].quantizer.rowwise.dtype"; may be empty
+  std::string what;
+  std::string text() const { return path.empty() ? what : path + ": " + what; }
+  RecipeError error() const { return RecipeError(location, text()); }
+};
+
+template <class Range>
+std::string join(const Range& items, std::string_view separator = ", ") {
+  std::string s;
+  for (const auto& item : items) {
+    if (!s.empty()) s += separator;
+    s += item;
+  }
+  return s;
+}
+
+inline std::string child_path(const std::string& parent, std::string_view key) {
+  return parent.empty() ? std::string(key) : parent + "." + std::string(key);
+}
+
+// Levenshtein distance, for "did you mean" hints on misspelt keys and values.
+inline std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// "; did you mean 'scaling'?" when candidates lie within two edits (all of the closest ones,
+// "'e4m3' or 'e5m2'", when several tie), else "".
+template <class Range>
+std::string did_you_mean(std::string_view got, const Range& candidates) {
+  std::vector<std::string> best;
+  std::size_t best_distance = 3;
+  for (const auto& candidate : candidates) {
+    const std::size_t d = edit_distance(got, candidate);
+    if (d > best_distance) continue;
+    if (d < best_distance) best.clear();
+    best_distance = d;
+    best.push_back("'" + std::string(candidate) + "'");
+  }
+  return best.empty() ? "" : "; did you mean " + join(best, " or ") + "?";
+}
+
+// Shortest text that reads back as the same double ("0.001", "1e+30", "1024").
+inline std::string number_str(double v) {
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof(buffer), v);
+  return std::string(buffer, result.ptr);
+}
+
+inline const char* option_type_name(qr_option_type type) {
+  switch (type) {
+    case QR_OPTION_BOOL: return "bool";
+    case QR_OPTION_INT: return "int";
+    case QR_OPTION_FLOAT: return "float";
+    case QR_OPTION_ENUM: return "enum";
+    case QR_OPTION_STRING: return "string";
+    case QR_OPTION_QUANTIZER: return "quantizer";
+  }
+  return "unknown";
+}
+
+// Why `pattern` is not a valid name glob ("" when it is): recipe_glob.cpp.
+std::string glob_problem(std::string_view pattern);
+
+// What the parser reads from a recipe file before validation.
+struct ParsedRecipe {
+  std::string name = "unnamed";
+  int version = kRecipeVersion;
+  QuantizerSpec defaults;
+  std::vector<RecipeRule> rules;
+};
+
+// Parses one YAML recipe text; throws RecipeError listing every problem (file:line:column).
+ParsedRecipe parse_recipe_text(const std::string& yaml_text, const std::string& source_name);
+
+// Validates every spec of a recipe; typed copies of the defaults and rule quantizers.
+struct CheckedRecipe {
+  std::vector<Problem> problems;
+  QuantizerSpec defaults;
+  std::vector<QuantizerSpec> rule_quantizers;
+};
+
+CheckedRecipe check_recipe(const Recipe& recipe, const Registry& registry);
+
+// "(and 2 more problems; run `qrecipe recipe check FILE`)" or "".
+std::string more_problems(std::size_t extra, const std::string& source);
+
+}  // namespace qrecipe::recipe_internal
