@@ -1,7 +1,8 @@
-"""Train a small model under a qrecipe recipe on the CPU, next to a high-precision baseline.
+"""Train a small model under a qrecipe recipe, next to a high-precision baseline.
 
-    PYTHONPATH=build/python python3 examples/train_demo.py            # default recipe
+    PYTHONPATH=build/python python3 examples/train_demo.py            # default recipe, CPU
     python3 examples/train_demo.py --recipe recipes/mxfp8.yaml --steps 100
+    python3 examples/train_demo.py --device cuda                      # kernels + cuBLASLt
 
 The model is a 3-layer MLP (GELU) learning a fixed random "teacher" MLP from synthetic
 Gaussian inputs. Two copies start from the same weights and see the same batches: one in
@@ -25,15 +26,15 @@ def make_mlp(d_in, d_hidden, d_out):
         torch.nn.Linear(d_hidden, d_out))
 
 
-def batches(steps, batch, teacher, d_in, seed):
+def batches(steps, batch, teacher, d_in, seed, device):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # targets normalised to unit variance: the loss starts near 1
         scale = teacher(torch.randn(4096, d_in, generator=torch.Generator().manual_seed(99))).std()
     for _ in range(steps):
-        x = torch.randn(batch, d_in, generator=g)
+        x = torch.randn(batch, d_in, generator=g)  # drawn on the CPU: same data on any device
         with torch.no_grad():
             y = teacher(x) / scale
-        yield x, y
+        yield x.to(device), y.to(device)
 
 
 def train(model, data, lr, recipe=None, dtype=torch.float32):
@@ -63,14 +64,19 @@ def main():
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--baseline-dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu (the reference path) or cuda (the plugins' kernels and "
+                             "cuBLASLt; needs qrecipe built against a CUDA torch)")
     args = parser.parse_args()
+    device = torch.device(args.device)
 
     torch.manual_seed(0)
     d_in, d_out = 64, 16
     recipe = qrecipe.Recipe.default() if args.recipe is None else qrecipe.Recipe.load(args.recipe)
     teacher = make_mlp(d_in, 128, d_out)
     baseline = make_mlp(d_in, args.hidden, d_out)
-    quantized = qrecipe.convert(copy.deepcopy(baseline), recipe=recipe)
+    quantized = qrecipe.convert(copy.deepcopy(baseline).to(device), recipe=recipe)
+    baseline = baseline.to(device)
     # The recipe runs in the model's dtype; NVFP4's Hadamard needs bf16 activations.
     q_dtype = torch.bfloat16 if "nvfp4" in recipe.name else torch.float32
 
@@ -83,11 +89,11 @@ def main():
     warm.grad = torch.zeros(1)
     torch.optim.AdamW([warm]).step()
     t0 = time.perf_counter()
-    base_losses = train(baseline, batches(args.steps, args.batch, teacher, d_in, 1), args.lr,
-                        dtype=base_dtype)
+    base_losses = train(baseline, batches(args.steps, args.batch, teacher, d_in, 1, device),
+                        args.lr, dtype=base_dtype)
     t1 = time.perf_counter()
-    q_losses = train(quantized, batches(args.steps, args.batch, teacher, d_in, 1), args.lr,
-                     recipe=recipe, dtype=q_dtype)
+    q_losses = train(quantized, batches(args.steps, args.batch, teacher, d_in, 1, device),
+                     args.lr, recipe=recipe, dtype=q_dtype)
     t2 = time.perf_counter()
 
     print(f"\n{'step':>6}  {args.baseline_dtype + ' baseline':>18}  {'qrecipe ' + recipe.name:>20}")
@@ -98,8 +104,8 @@ def main():
     print(f"\nfinal loss: {args.baseline_dtype} {base_losses[-1]:.5f}, qrecipe {recipe.name} "
           f"{q_losses[-1]:.5f} ({gap:+.1%} vs baseline); loss fell "
           f"{q_losses[0] / q_losses[-1]:.1f}x under the recipe")
-    print(f"time: baseline {t1 - t0:.1f} s, qrecipe {t2 - t1:.1f} s "
-          "(CPU reference GEMMs: exact, not fast)")
+    print(f"time on {device}: baseline {t1 - t0:.1f} s, qrecipe {t2 - t1:.1f} s" +
+          (" (CPU reference GEMMs: exact, not fast)" if device.type == "cpu" else ""))
 
 
 if __name__ == "__main__":
