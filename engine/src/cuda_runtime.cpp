@@ -13,6 +13,7 @@
 #include <string>
 
 #include "qrecipe/error.hpp"
+#include "cuda_device_guard.hpp"
 
 #if defined(QRECIPE_WITH_CUDA)
 #include <cuda_runtime_api.h>
@@ -46,33 +47,14 @@ void check_cuda(cudaError_t status, const std::string& what, const char* next_st
 constexpr const char* kCheckDevice =
     "check the device with nvidia-smi and that CUDA_VISIBLE_DEVICES includes it";
 
-// Makes `index` the current device for its lifetime and restores the previous one.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int index) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice", kCheckDevice);
-    if (previous_ != index)
-      check_cuda(cudaSetDevice(index), "cudaSetDevice(" + std::to_string(index) + ")",
-                 kCheckDevice);
-    changed_ = previous_ != index;
-  }
-  ~DeviceGuard() {
-    if (changed_) (void)cudaSetDevice(previous_);  // cannot throw from a destructor
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-  bool changed_ = false;
-};
+using detail::DeviceGuard;
 
 class CudaAllocator final : public Allocator {
  public:
   void* allocate(std::size_t bytes, Device device) override {
     QR_CHECK(device.is_cuda(), "the CUDA allocator cannot allocate on ", device.str(),
              "; use cpu_allocator() for host tensors");
-    DeviceGuard guard(device.index);
+    DeviceGuard guard(device.index, "allocating device memory");
     void* ptr = nullptr;
     check_cuda(cudaMalloc(&ptr, bytes < kMinAllocation ? kMinAllocation : bytes),
                "cudaMalloc(" + std::to_string(bytes) + " bytes) on " + device.str(),
@@ -97,7 +79,7 @@ class CudaAllocator final : public Allocator {
   void zero(void* ptr, std::size_t bytes, Device device) override {
     if (bytes == 0) return;
     QR_CHECK(device.is_cuda(), "the CUDA allocator cannot zero memory on ", device.str());
-    DeviceGuard guard(device.index);
+    DeviceGuard guard(device.index, "zeroing device memory");
     const std::string what = std::to_string(bytes) + " bytes on " + device.str();
     check_cuda(cudaMemsetAsync(ptr, 0, bytes, nullptr), "cudaMemsetAsync(" + what + ")",
                kCheckDevice);
@@ -130,6 +112,22 @@ int query_device_count() noexcept {
 }
 
 }  // namespace
+
+namespace detail {
+
+DeviceGuard::DeviceGuard(int index, const char* what) {
+  const std::string during = std::string(" (while ") + what + ")";
+  check_cuda(cudaGetDevice(&previous_), "cudaGetDevice" + during, kCheckDevice);
+  check_cuda(cudaSetDevice(index), "cudaSetDevice(" + std::to_string(index) + ")" + during,
+             kCheckDevice);
+  changed_ = previous_ != index;
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (changed_) (void)cudaSetDevice(previous_);  // cannot throw from a destructor
+}
+
+}  // namespace detail
 
 bool cuda_built() { return true; }
 
@@ -177,7 +175,7 @@ void copy_to_device(void* dst, const void* src, std::size_t bytes, void* stream)
 
 void synchronize(Device device, void* stream) {
   QR_CHECK(device.is_cuda(), "synchronize needs a CUDA device, got ", device.str());
-  DeviceGuard guard(device.index);
+  DeviceGuard guard(device.index, "synchronizing a stream");
   check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)),
              "cudaStreamSynchronize on " + device.str(),
              "an earlier kernel on this stream may have failed; run with CUDA_LAUNCH_BLOCKING=1 "
@@ -186,7 +184,8 @@ void synchronize(Device device, void* stream) {
 
 void* allocate_async(std::size_t bytes, Device device, void* stream) {
   QR_CHECK(device.is_cuda(), "allocate_async needs a CUDA device, got ", device.str());
-  DeviceGuard guard(device.index);  // the legacy default stream belongs to the current device
+  // The legacy default stream belongs to the current device.
+  DeviceGuard guard(device.index, "allocating stream-ordered scratch");
   const auto s = static_cast<cudaStream_t>(stream);
   const std::size_t size = bytes < kMinAllocation ? kMinAllocation : bytes;
   const std::string what = std::to_string(bytes) + " bytes on " + device.str();

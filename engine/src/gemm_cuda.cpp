@@ -37,6 +37,7 @@
 #include <utility>
 
 #include "cublaslt.hpp"
+#include "cuda_device_guard.hpp"
 #include "gemm_cuda_kernels.hpp"
 #include "qrecipe/cuda.hpp"
 #include "qrecipe/error.hpp"
@@ -54,25 +55,7 @@ void check_cuda(cudaError_t status, const char* call, const std::string& what) {
                 "; check the device with nvidia-smi");
 }
 
-class DeviceGuard {
- public:
-  // cudaSetDevice runs even when the device is already current: it makes the device's primary
-  // context current on this thread, which cuBLASLt (driver API) needs on a fresh thread.
-  explicit DeviceGuard(int index) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice", "a GEMM");
-    changed_ = previous_ != index;
-    check_cuda(cudaSetDevice(index), "cudaSetDevice", "a GEMM");
-  }
-  ~DeviceGuard() {
-    if (changed_) (void)cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-  bool changed_ = false;
-};
+using detail::DeviceGuard;
 
 // Device buffers for decoded operands and FP32 products, one set per (thread, device, stream)
 // so that GEMMs that may run concurrently never share one; a buffer grows when a GEMM needs more
@@ -616,7 +599,7 @@ GemmPlan gemm_cuda(const GemmOperand& a, const GemmOperand& b, const TensorView&
   // Without a kind the accumulation is split (the accurate choice): only fprop is fast.
   GemmPlan plan = plan_gemm(options.kind.value_or(GemmKind::wgrad), ta, tb, GemmTarget::sm90, c.m,
                             c.n, c.k);
-  DeviceGuard guard(c.device);
+  DeviceGuard guard(c.device, "a GEMM");
   check_bias(c);
   if (c.m == 0 || c.n == 0) return plan;
   if (c.k == 0) {  // an empty sum: only the epilogue

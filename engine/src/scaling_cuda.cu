@@ -5,6 +5,7 @@
 
 #include "qrecipe/error.hpp"
 #include "qrecipe/scaling.hpp"
+#include "cuda_device_guard.hpp"
 
 namespace qrecipe::detail {
 namespace {
@@ -53,20 +54,6 @@ __global__ void update_kernel(const DeviceScalingUpdate* updates, int staged_len
   }
 }
 
-// Makes `device` current for the scope and restores the previous device after.
-class CurrentDevice {
- public:
-  CurrentDevice(int device, std::size_t states) {
-    check(cudaGetDevice(&previous_), "cudaGetDevice", device, states);
-    check(cudaSetDevice(device), "cudaSetDevice", device, states);
-  }
-  ~CurrentDevice() { (void)cudaSetDevice(previous_); }
-  CurrentDevice(const CurrentDevice&) = delete;
-  CurrentDevice& operator=(const CurrentDevice&) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 }  // namespace
 
@@ -83,7 +70,7 @@ void DeviceScalingTable::run(const std::vector<DeviceScalingUpdate>& updates,
                              std::uint64_t version, void* stream) {
   const std::size_t n = updates.size();
   if (n == 0) return;
-  CurrentDevice on(device_, n);
+  DeviceGuard on(device_, "updating delayed-scaling states");
   const auto s = static_cast<cudaStream_t>(stream);
   if (!uploaded_ || version == 0 || version != version_ || n != count_) {
     // A launch of an earlier call on another stream may still read the old table.
