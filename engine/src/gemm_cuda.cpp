@@ -6,8 +6,9 @@
 //   2. Op: one operand as the GEMM reads it (pointer, dtype, K-major or not, scales)
 //   3. run_product: one cuBLASLt call in column-major terms plus the epilogue strategy
 //   4. the three paths: native (per-tensor FP8, blockwise FP8), emulated, dense; the emulated
-//      path decodes to BF16 (engine decoders, per-tensor factors in a device alpha) where that is
-//      exact, checked on the device where it depends on the data, and to FP32 otherwise
+//      path decodes to BF16 (engine decoders, per-tensor factors in a device alpha) where that can
+//      be exact, checks on the device where it depends on the data (and recomputes there when it
+//      is not), and decodes to FP32 otherwise
 //   5. gemm_cuda(): plan, dispatch, and the fallback from native to emulated
 //
 // Transposition convention. Our operands are "inner contiguous" (K-major): operand A gives the
@@ -31,6 +32,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 #include <string>
@@ -60,42 +62,50 @@ using detail::DeviceGuard;
 // Device buffers for decoded operands and FP32 products, one set per (thread, device, stream)
 // so that GEMMs that may run concurrently never share one; a buffer grows when a GEMM needs more
 // (cudaFree of the old one waits for the work that used it) and is kept until the thread exits.
+// The set also holds the exactness flag's epoch (see "the emulated path"): the flag word lives in
+// kSlotScalars, after the four scalars.
 enum Slot { kSlotA = 0, kSlotB = 1, kSlotProduct = 2, kSlotScalars = 3, kSlots = 4 };
+constexpr std::size_t kScalarsBytes = 64;  // [alpha, beta, alpha, 0] floats, then the flag word
+
+struct ScratchSet {
+  Buffer buffers[kSlots];
+  std::uint32_t epoch = 0;  // of the last emulated GEMM that checked exactness
+};
+
+ScratchSet& scratch_set(int device, void* stream) {
+  thread_local std::map<std::pair<int, void*>, ScratchSet> sets;
+  return sets[{device, stream}];
+}
 
 void* scratch(int device, void* stream, Slot slot, std::size_t bytes) {
-  struct Set {
-    Buffer buffers[kSlots];
-  };
-  thread_local std::map<std::pair<int, void*>, Set> sets;
-  Buffer& buffer = sets[{device, stream}].buffers[slot];
+  Buffer& buffer = scratch_set(device, stream).buffers[slot];
   if (buffer.bytes() < bytes || buffer.data() == nullptr)
     buffer = Buffer(cuda_allocator(), bytes, Device::cuda(device));
   return buffer.data();
 }
 
-// The host side of the BF16-exactness check: a pinned word per flag and an event, per
-// (thread, device). Released when the thread exits (errors ignored: the driver may be gone).
-struct HostFlags {
-  std::uint32_t* words = nullptr;  // [2]
-  cudaEvent_t ready = nullptr;
-  ~HostFlags() {
-    if (words) (void)cudaFreeHost(words);
-    if (ready) (void)cudaEventDestroy(ready);
+// The scalars of an emulated GEMM and its exactness flag: kSlotScalars, zeroed (in stream
+// order) when first allocated, so the flag word never holds an epoch nobody wrote.
+float* scalars_buffer(int device, void* stream, const std::string& what) {
+  Buffer& buffer = scratch_set(device, stream).buffers[kSlotScalars];
+  if (buffer.data() == nullptr) {
+    buffer = Buffer(cuda_allocator(), kScalarsBytes, Device::cuda(device));
+    check_cuda(cudaMemsetAsync(buffer.data(), 0, kScalarsBytes, static_cast<cudaStream_t>(stream)),
+               "cudaMemsetAsync (GEMM scalars and exactness flag)", what);
   }
-};
+  return static_cast<float*>(buffer.data());
+}
 
-HostFlags& host_flags(int device) {
-  thread_local std::map<int, HostFlags> all;
-  HostFlags& f = all[device];
-  if (!f.words) {
-    void* p = nullptr;
-    check_cuda(cudaHostAlloc(&p, 2 * sizeof(std::uint32_t), cudaHostAllocDefault), "cudaHostAlloc",
-               "the BF16 exactness flags of an emulated GEMM");
-    f.words = static_cast<std::uint32_t*>(p);
-    check_cuda(cudaEventCreateWithFlags(&f.ready, cudaEventDisableTiming), "cudaEventCreateWithFlags",
-               "the BF16 exactness flags of an emulated GEMM");
+// The next epoch of the set's flag word. After 2^32 - 1 epochs the word is zeroed again, so an
+// epoch that comes round again never meets its old value.
+std::uint32_t next_epoch(int device, void* stream, std::uint32_t* word, const std::string& what) {
+  ScratchSet& set = scratch_set(device, stream);
+  if (++set.epoch == 0) {
+    check_cuda(cudaMemsetAsync(word, 0, sizeof(std::uint32_t), static_cast<cudaStream_t>(stream)),
+               "cudaMemsetAsync (exactness flag)", what);
+    set.epoch = 1;
   }
-  return f;
+  return set.epoch;
 }
 
 // ---------------------------------------------------------------- 2. operands
@@ -331,12 +341,19 @@ bool run_native(const Context& c, const GemmPlan& plan, const OperandTraits& ta,
 // into each decoded element). Exactness depends on the data only for FP8 codes with E8M0
 // (MXFP8) or FP32 (blockwise) block scales: a tiny scale times a small code can fall below
 // BF16's subnormal grid (2^-133), and a non-power-of-two FP32 scale gives products of up to 28
-// significant bits. For those operands a device check (scales first, codes only of the blocks
-// a scale does not clear) runs before the decode; the host reads its flag after enqueueing the
-// decodes (so the GPU keeps working while the host waits) and, if it is set, decodes both
-// operands to FP32 with their plugins instead (the reference decode). This is the one
-// synchronization of an emulated GEMM, and only MXFP8 and blockwise operands pay it.
-// Everything else (a dense FP32 operand, a layout the decoders do not know) takes the FP32 path.
+// significant bits. For those operands the decoders test every value they write and, on a
+// miss, set a device flag to this GEMM's epoch. Nothing waits for that flag on the host:
+//   decode A and B (one launch; scalars and flag written on the device)
+//   [accumulate only] copy the output aside if flagged (into a decoded operand's buffer,
+//                     whose BF16 values no longer matter then)
+//   the BF16 GEMM and its epilogue, as for exact operands
+//   the exact GEMM if flagged: the whole output recomputed from the stored operands, each
+//     element decoded as the reference does (factors included), FP32 accumulation, the
+//     reference epilogue on the saved (or untouched) output
+// so a GEMM of exact operands pays two short launches that return at once, and one with a
+// miss gets the reference's result from a slower SIMT kernel. Everything else (a dense FP32
+// operand, a layout the decoders do not know) takes the FP32 path: both operands decoded to
+// FP32 by their plugins' CUDA dequantize, then a cuBLASLt FP32 GEMM.
 
 int log2_exact(std::int64_t v) {
   if (v <= 0 || (v & (v - 1)) != 0) return -1;
@@ -477,29 +494,41 @@ void check_decoded_product(const Context& c, cublaslt::Outcome outcome, DType ty
                 c.what(), " (", status, "); this should not happen on a supported GPU");
 }
 
+// The exact GEMM's view of an operand of a BF16 plan (stored array, orientation, factor).
+gemm_kernels::ExactOperand exact_operand(const GemmOperand& g, const OperandTraits& t, const Bf16Plan& p) {
+  gemm_kernels::ExactOperand x;
+  if (p.dense) {
+    x.stored.data = g.high_precision.data();
+    x.stored.code = gemm_kernels::Code::bf16;
+    x.stored.rows = g.rows();
+    x.stored.cols = g.cols();
+    x.k_major = g.direction == QR_DIRECTION_ROWWISE;
+    return x;
+  }
+  x.stored = p.stored;
+  x.k_major = t.inner_contiguous;
+  x.factor = p.factor;
+  x.factor_ptr = p.factor_ptr;
+  return x;
+}
+
 // Emulated and dense GEMMs (CUBLAS_COMPUTE_32F, no TF32: the reference accumulates FP32 products
-// of the decoded values). Returns the operand type and, in `note`, why FP32 when it is.
+// of the decoded values). Returns the operand type and, in `note`, why FP32 when it is, or
+// which operands the device checks.
 DType run_decoded(const Context& c, const OperandTraits& ta, const OperandTraits& tb, std::string& note) {
   const Bf16Plan pa = bf16_plan_of(c.a, ta), pb = bf16_plan_of(c.b, tb);
   if (pa.ok && pb.ok) {
     void* stream = c.options.stream;
-    // [alpha, beta, alpha, 0] then the two flags.
-    auto* small = static_cast<float*>(scratch(c.device, stream, kSlotScalars, 64));
-    auto* flags = reinterpret_cast<std::uint32_t*>(small + 4);
+    const std::string what = c.what();
+    float* small = nullptr;  // [alpha, beta, alpha, 0] then the flag word
     const bool check = pa.needs_check || pb.needs_check;
-    HostFlags* host = nullptr;
-    if (check) {
-      host = &host_flags(c.device);
-      check_cuda(cudaMemsetAsync(flags, 0, 2 * sizeof(std::uint32_t), static_cast<cudaStream_t>(stream)),
-                 "cudaMemsetAsync", c.what());
-      if (pa.needs_check) gemm_kernels::check_bf16_exact(pa.stored, flags, stream);
-      if (pb.needs_check) gemm_kernels::check_bf16_exact(pb.stored, flags + 1, stream);
-      check_cuda(cudaMemcpyAsync(host->words, flags, 2 * sizeof(std::uint32_t), cudaMemcpyDeviceToHost,
-                                 static_cast<cudaStream_t>(stream)),
-                 "cudaMemcpyAsync (exactness flags)", c.what());
-      check_cuda(cudaEventRecord(host->ready, static_cast<cudaStream_t>(stream)), "cudaEventRecord", c.what());
-    }
     const bool factors = pa.factor != gemm_kernels::Factor::none || pb.factor != gemm_kernels::Factor::none;
+    if (check || factors) small = scalars_buffer(c.device, stream, what);
+    gemm_kernels::ExactnessFlag flag;
+    if (check) {
+      flag.word = reinterpret_cast<std::uint32_t*>(small + 4);
+      flag.epoch = next_epoch(c.device, stream, flag.word, what);
+    }
     gemm_kernels::Scalars scalars;
     if (factors) {
       scalars.out = small;
@@ -510,47 +539,65 @@ DType run_decoded(const Context& c, const OperandTraits& ta, const OperandTraits
       scalars.factor[0] = pa.factor_ptr;
       scalars.factor[1] = pb.factor_ptr;
     }
+    // An accumulating GEMM that may be redone keeps the output as it was in the first checked
+    // operand's buffer (grown to hold it): its BF16 values are garbage once the flag is set.
+    const bool save = check && c.options.accumulate;
+    const std::size_t out_bytes = static_cast<std::size_t>(c.out.nbytes());
     const void* data[2] = {nullptr, nullptr};
+    void* saved = nullptr;
     const Bf16Plan* plans[2] = {&pa, &pb};
     const GemmOperand* ops[2] = {&c.a, &c.b};
+    gemm_kernels::DecodeJob jobs[2];
+    int count = 0;
     for (int i = 0; i < 2; ++i) {
       if (plans[i]->dense) {
         data[i] = ops[i]->high_precision.data();
         continue;
       }
       const auto& st = plans[i]->stored;
-      auto* buffer = static_cast<std::uint16_t*>(
-          scratch(c.device, stream, i == 0 ? kSlotA : kSlotB, static_cast<std::size_t>(st.rows * st.cols) * 2));
-      gemm_kernels::decode_to_bf16(st, buffer, scalars, stream);
-      scalars.out = nullptr;  // written once
+      std::size_t bytes = static_cast<std::size_t>(st.rows * st.cols) * 2;
+      const bool save_here = save && saved == nullptr && plans[i]->needs_check;
+      if (save_here) bytes = std::max(bytes, out_bytes);
+      auto* buffer = static_cast<std::uint16_t*>(scratch(c.device, stream, i == 0 ? kSlotA : kSlotB, bytes));
+      if (save_here) saved = buffer;
+      jobs[count].op = st;
+      jobs[count].dst = buffer;
+      jobs[count].check = plans[i]->needs_check;
+      ++count;
       data[i] = buffer;
+      if (plans[i]->needs_check)
+        note += std::string(note.empty() ? "" : "; ") + "exactness of " + ops[i]->str() + " checked on the device";
     }
-    if (scalars.out) gemm_kernels::write_scalars(scalars, stream);  // no operand was decoded
-    bool exact = true;
+    gemm_kernels::decode_to_bf16(jobs, count, scalars, flag, stream);
+    if (save) gemm_kernels::copy_if_flagged(saved, c.out.data(), static_cast<std::int64_t>(out_bytes), flag, stream);
+    const Op a = bf16_operand(c.a, ta, data[0]), b = bf16_operand(c.b, tb, data[1]);
+    std::string status;
+    check_decoded_product(c, run_product(c, a, b, false, status, factors ? small : nullptr), DType::bf16, status);
     if (check) {
-      check_cuda(cudaEventSynchronize(host->ready), "cudaEventSynchronize (exactness flags)", c.what());
-      for (int i = 0; i < 2; ++i)
-        if (host->words[i] != 0) {
-          exact = false;
-          note += std::string(note.empty() ? "" : "; ") + ops[i]->str() +
-                  " has values BF16 cannot hold exactly (a tiny or non-power-of-two block scale)";
-        }
+      gemm_kernels::ExactGemm exact;
+      exact.a = exact_operand(c.a, ta, pa);
+      exact.b = exact_operand(c.b, tb, pb);
+      exact.m = c.m;
+      exact.n = c.n;
+      exact.k = c.k;
+      exact.alpha = c.options.alpha;
+      exact.accumulate = c.options.accumulate;
+      exact.old = saved;
+      exact.bias = c.options.bias;
+      exact.out = c.out.data();
+      exact.out_bf16 = c.out.dtype() == DType::bf16;
+      gemm_kernels::exact_gemm_if_flagged(exact, flag, c.device, stream);
+      note += "; a value BF16 cannot hold (a tiny or non-power-of-two block scale) makes the device recompute "
+              "the output from FP32-decoded operands";
     }
-    if (exact) {
-      const Op a = bf16_operand(c.a, ta, data[0]), b = bf16_operand(c.b, tb, data[1]);
-      std::string status;
-      check_decoded_product(c, run_product(c, a, b, false, status, factors ? small : nullptr), DType::bf16,
-                            status);
-      return DType::bf16;
-    }
-  } else {
-    for (const auto* p : {&pa, &pb})
-      if (!p->ok) {
-        const GemmOperand& g = p == &pa ? c.a : c.b;
-        note += std::string(note.empty() ? "" : "; ") + g.str() +
-                (g.tensor ? " has no BF16 decoder in the engine" : " is FP32");
-      }
+    return DType::bf16;
   }
+  for (const auto* p : {&pa, &pb})
+    if (!p->ok) {
+      const GemmOperand& g = p == &pa ? c.a : c.b;
+      note += std::string(note.empty() ? "" : "; ") + g.str() +
+              (g.tensor ? " has no BF16 decoder in the engine" : " is FP32");
+    }
   const Op a = f32_operand(c, c.a, kSlotA), b = f32_operand(c, c.b, kSlotB);
   std::string status;
   check_decoded_product(c, run_product(c, a, b, false, status), DType::f32, status);

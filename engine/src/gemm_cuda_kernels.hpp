@@ -41,10 +41,13 @@ void finish(void* out, bool out_bf16, const float* product, float alpha, bool ac
 //                        subnormal grid (2^-133), which needs e <= 2 (E4M3) or e <= 9 (E5M2)
 //   FP8 x FP32 blocks:   q * s in FP32 (blockwise): exact when s is a power of two >= 2^-124
 //                        (E4M3) / 2^-117 (E5M2), and otherwise only by luck
-// The last two are checked on the device per block before the GEMM (check_bf16_exact); an
-// operand that fails is decoded to FP32 instead (by its plugin, the reference decode).
+// The last two depend on the data, so their decoders check every value they write (a block
+// whose scale proves it exact costs nothing more) and record a miss in an ExactnessFlag. The
+// host never reads that flag: the BF16 GEMM runs anyway, and exact_gemm_if_flagged() then
+// recomputes the whole output from the stored operands in FP32 (the reference decode), on the
+// device, only when the flag says so. See gemm_cuda.cpp ("the emulated path").
 
-enum class Code : std::int32_t { e4m3, e5m2, e2m1 };
+enum class Code : std::int32_t { e4m3, e5m2, e2m1, bf16 };  // bf16: a dense operand (exact GEMM only)
 enum class BlockScale : std::int32_t { none, e8m0, e4m3, f32 };
 
 // One stored direction as the decoder reads it. The block grid and the scale index are in the
@@ -79,18 +82,72 @@ struct Scalars {
   const float* factor[2] = {nullptr, nullptr};
 };
 
-// dst [rows, cols] BF16 = the decoded values of `op` (see above: block scales applied, the
-// per-tensor factor not). 16 elements per thread, 16-byte stores when cols % 16 == 0. When
-// scalars.out is set, the scalars are written too. Values a check marked inexact are truncated
-// (the caller decodes to FP32 instead).
-void decode_to_bf16(const StoredOperand& op, std::uint16_t* dst, const Scalars& scalars, void* stream);
+// A device word that a decoder sets to `epoch` when it writes a value BF16 could not hold
+// exactly. Epochs let one word serve every GEMM of a stream without a reset: a word left from
+// an earlier GEMM holds an older epoch. word == nullptr: nothing is checked.
+struct ExactnessFlag {
+  std::uint32_t* word = nullptr;
+  std::uint32_t epoch = 0;
+};
+
+// One operand to decode: `op` into dst ([op.rows, op.cols] BF16, row-major). check: the
+// decoder tests every value it writes and sets the flag on a miss (only FP8 codes with E8M0
+// or FP32 block scales can miss; the others are exact by construction).
+struct DecodeJob {
+  StoredOperand op;
+  std::uint16_t* dst = nullptr;
+  bool check = false;
+};
+
+// Decodes `count` (0 to 2) operands: block scales applied, per-tensor factors not. Operands
+// whose rows are whole 8-element units (cols % 8 == 0, aligned buffers) share one launch that
+// reads 8 FP8 bytes (or 4 E2M1 bytes) and writes one 16-byte store per 8 elements; others run
+// one element per thread. When scalars.out is set, the scalars are written too (by their own
+// launch when count is 0). A value that misses exactness is truncated (the exact GEMM
+// replaces the result).
+void decode_to_bf16(const DecodeJob* jobs, int count, const Scalars& scalars, const ExactnessFlag& flag,
+                    void* stream);
+
+// Copies `bytes` from src to dst when *flag.word == flag.epoch; otherwise returns at once.
+// (Saves an output that an accumulating GEMM is about to overwrite, for the exact GEMM.)
+void copy_if_flagged(void* dst, const void* src, std::int64_t bytes, const ExactnessFlag& flag, void* stream);
+
+// ---------------------------------------------------------------- the exact GEMM
+
+// One operand of the exact GEMM: its stored array (a dense BF16 operand has code bf16 and no
+// scales) is [outer, inner] when k_major, else [inner, outer]; `factor` is its per-tensor
+// factor, applied per element as the reference decode does.
+struct ExactOperand {
+  StoredOperand stored;
+  bool k_major = true;
+  Factor factor = Factor::none;
+  const float* factor_ptr = nullptr;
+};
+
+// out [m, n] = the CPU reference GEMM of gemm.cpp on the same operands, up to the order of
+// the FP32 sums: every element decoded as the plugin's reference dequantize does (code *
+// block scale, then * per-tensor factor; NVFP4 (q * s) * S_dec), FP32 accumulation, then
+// v = alpha * acc; v += old (accumulate); v += bias[j]; stored as FP32 or rounded to BF16.
+// `old` holds the output as it was before the GEMM (may be out itself when nothing
+// overwrote it; unused without accumulate).
+struct ExactGemm {
+  ExactOperand a, b;
+  std::int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  bool accumulate = false;
+  const void* old = nullptr;
+  const float* bias = nullptr;
+  void* out = nullptr;
+  bool out_bf16 = false;
+};
+
+// Runs the exact GEMM when *flag.word == flag.epoch; otherwise every block returns at once
+// (a persistent grid of two blocks per SM of `device`, so the unflagged case costs one short
+// launch). A SIMT kernel (128 x 128 tiles, no tensor cores): far slower than the BF16 GEMM,
+// for the rare data that needs it.
+void exact_gemm_if_flagged(const ExactGemm& gemm, const ExactnessFlag& flag, int device, void* stream);
 
 // Only the scalars (when no operand is decoded).
 void write_scalars(const Scalars& scalars, void* stream);
-
-// Sets *flag to a non-zero value (never clears it) when some element of `op` (E8M0 or FP32
-// block scales) decodes to a value BF16 cannot hold exactly. Reads the scales, and the codes
-// only of blocks whose scale does not prove the block exact; padding blocks are not read.
-void check_bf16_exact(const StoredOperand& op, std::uint32_t* flag, void* stream);
 
 }  // namespace qrecipe::detail::gemm_kernels

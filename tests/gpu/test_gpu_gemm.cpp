@@ -43,8 +43,9 @@
 // Every emulated case of the sweep (random normal data, power-of-two blockwise scales) must run
 // with BF16 operands ("decoded to bf16" in the plan): each of its formats decodes exactly to
 // BF16 there. A separate case feeds operands that BF16 cannot hold (MXFP8 blocks with the
-// smallest E8M0 scale and subnormal codes; blockwise scales that are not powers of two) and
-// requires the FP32 path, within the same bound.
+// smallest E8M0 scale and subnormal codes; blockwise scales that are not powers of two): the
+// device must notice and recompute the output exactly (within the same bound), under every
+// epilogue variant; each such case first shows that BF16-truncated operands would fail it.
 //
 // How to add a pair: append to kPairs (YAML quantizer specs; nullptr for dense BF16) with the
 // path the pairing table promises at shapes divisible by 16.
@@ -52,6 +53,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -285,6 +287,7 @@ struct Operand {
   Tensor cpu_dense, gpu_dense;
   qr_direction direction = QR_DIRECTION_ROWWISE;
   std::vector<double> norms;  // [outer]
+  std::vector<float> decoded;  // the reference decode, [outer, inner]
 
   GemmOperand cpu() const {
     return quantizer ? GemmOperand::quantized(cpu_q, *quantizer, direction)
@@ -325,10 +328,12 @@ Operand make_operand(const char* spec, qr_direction direction, std::int64_t oute
     op.gpu_dense = to_device(op.cpu_dense);
   }
   op.norms.assign(static_cast<std::size_t>(outer), 0.0);
+  op.decoded.assign(decoded.size(), 0.0f);
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c) {
-      const double v = decoded[static_cast<std::size_t>(r * cols + c)];
-      op.norms[static_cast<std::size_t>(rowwise ? r : c)] += v * v;
+      const float v = decoded[static_cast<std::size_t>(r * cols + c)];
+      op.norms[static_cast<std::size_t>(rowwise ? r : c)] += static_cast<double>(v) * v;
+      op.decoded[static_cast<std::size_t>(rowwise ? r * cols + c : c * rows + r)] = v;
     }
   for (auto& n : op.norms) n = std::sqrt(n);
   return op;
@@ -499,33 +504,66 @@ TEST_CASE("GPU GEMMs equal the CPU reference on the same quantized operands") {
   }
 }
 
-TEST_CASE("GPU emulated GEMMs fall back to FP32 operands when BF16 cannot hold the decoded values") {
-  if (skip_without_cuda()) return;
+// What a BF16 GEMM of the operands would give if nothing caught the inexact values: every
+// value of a `truncated` operand cut to BF16 (what the decoders write), exact sums otherwise.
+std::vector<float> truncated_product(const Operand& a, bool a_truncated, const Operand& b, bool b_truncated,
+                                     std::int64_t m, std::int64_t n, std::int64_t k) {
+  // A mask, not a branch around memcpy: GCC 12 -O2 miscompiled that form (it kept the low bits).
+  const auto cut = [](float v, bool truncate) {
+    const std::uint32_t u = std::bit_cast<std::uint32_t>(v) & (truncate ? 0xFFFF0000u : 0xFFFFFFFFu);
+    return static_cast<double>(std::bit_cast<float>(u));
+  };
+  std::vector<float> out(static_cast<std::size_t>(m * n));
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double sum = 0;
+      for (std::int64_t r = 0; r < k; ++r)
+        sum += cut(a.decoded[static_cast<std::size_t>(i * k + r)], a_truncated) *
+               cut(b.decoded[static_cast<std::size_t>(j * k + r)], b_truncated);
+      out[static_cast<std::size_t>(i * n + j)] = static_cast<float>(sum);
+    }
+  return out;
+}
+
+TEST_CASE("GPU emulated GEMMs recompute exactly when BF16 cannot hold the decoded values") {
+  // The self-test runs only the host part: that each case can fail.
+  if (!selftest() && skip_without_cuda()) return;
   struct Case {
     const char* label;
-    const char* a_spec;
-    float a_magnitude;  // A's source scale
+    const char* a_spec;  // nullptr: dense BF16
+    float a_magnitude;   // A's source scale
     const char* b_spec;
     float b_magnitude;
+    bool inexact_a, inexact_b;  // the operands BF16 cannot hold (the device must recompute)
   };
   // MXFP8 of normals times 2^-136: every block gets E8M0 0x00 (2^-127) and subnormal codes, so
   // the decoded values are multiples of 2^-136, below BF16's grid. B is large (2^110) so that
   // the products are normal FP32 numbers and any rounding of A shows far above the bound.
   // Blockwise without power-of-two scales: q * s carries up to 28 significant bits.
+  // The BF16 GEMM still runs for these (the host never waits for the device's check); the
+  // exact GEMM then replaces its output. Each inexact case first proves that BF16-truncated
+  // operands would fail the bound (so a skipped recomputation cannot pass), then runs every
+  // epilogue variant (accumulate reads the output saved before the BF16 GEMM overwrote it).
   const float tiny = std::ldexp(1.0f, -136), huge = std::ldexp(1.0f, 110);
   constexpr const char* kBlockNoPow2 = "{format: blockwise, block: 128x128, pow2_scales: false}";
   const Case cases[] = {
-      {"mxfp8 (tiny) x mxfp8 (huge)", kMxfp8, tiny, kMxfp8, huge},
-      {"mxfp8 (huge) x float8 e4m3", kMxfp8, huge, kE4M3, 1.0f},
-      {"float8 e4m3 (huge) x mxfp8 (tiny)", kE4M3, huge, kMxfp8, tiny},
-      {"blockwise 128x128 without pow2 scales x itself", kBlockNoPow2, 1.0f, kBlockNoPow2, 1.0f},
-      {"nvfp4 x blockwise 128x128 without pow2 scales", kNvfp4, 1.0f, kBlockNoPow2, 1.0f},
+      {"mxfp8 (tiny) x mxfp8 (huge)", kMxfp8, tiny, kMxfp8, huge, true, false},
+      {"mxfp8 (huge) x float8 e4m3", kMxfp8, huge, kE4M3, 1.0f, false, false},
+      {"float8 e4m3 (huge) x mxfp8 (tiny)", kE4M3, huge, kMxfp8, tiny, false, true},
+      {"blockwise 128x128 without pow2 scales x itself", kBlockNoPow2, 1.0f, kBlockNoPow2, 1.0f, true, true},
+      {"nvfp4 x blockwise 128x128 without pow2 scales", kNvfp4, 1.0f, kBlockNoPow2, 1.0f, false, true},
+      {"bf16 dense x blockwise 128x128 without pow2 scales", nullptr, 1.0f, kBlockNoPow2, 1.0f, false, true},
+      {"mxfp8 x mxfp8 (exact, after the misses: a stale flag must not matter)", kMxfp8, 1.0f, kMxfp8, 1.0f,
+       false, false},
   };
-  const Shape shapes[] = {{128, 256, 512}, {100, 72, 200}};
-  const bool expect_f32[] = {true, false, true, true, true};
-  int index = 0;
+  // Several 128 x 128 tiles of the exact GEMM with partial ones; rows that are not whole
+  // 8-element units (columnwise 100 and 300) take the one-element decoder.
+  const Shape shapes[] = {{128, 256, 512}, {100, 72, 200}, {300, 200, 136}};
   for (const Case& cs : cases) {
-    const bool want_f32 = expect_f32[index++];
+    const bool checked = (cs.a_spec && std::string(cs.a_spec).find("nvfp4") == std::string::npos &&
+                          std::string(cs.a_spec) != kE4M3) ||
+                         (cs.b_spec && std::string(cs.b_spec).find("nvfp4") == std::string::npos &&
+                          std::string(cs.b_spec) != kE4M3);
     for (const Shape& shape : shapes) {
       for (const Kind& kind : kKinds) {
         CAPTURE(std::string(cs.label));
@@ -535,27 +573,73 @@ TEST_CASE("GPU emulated GEMMs fall back to FP32 operands when BF16 cannot hold t
                                    (static_cast<std::uint64_t>(kind.kind) << 40);
         const Operand a = make_operand(cs.a_spec, kind.a, shape.m, shape.k, seed, cs.a_magnitude);
         const Operand b = make_operand(cs.b_spec, kind.b, shape.n, shape.k, seed + 1, cs.b_magnitude);
-        Tensor cpu_out(DType::f32, {shape.m, shape.n});
-        std::memset(cpu_out.view().data(), 0, static_cast<std::size_t>(cpu_out.view().nbytes()));
-        Tensor gpu_out = to_device(cpu_out);
-        GemmOptions o;
-        o.kind = kind.kind;
-        qrecipe::gemm(a.cpu(), b.cpu(), cpu_out.view(), o);
-        const GemmPlan plan = qrecipe::gemm(a.gpu(), b.gpu(), gpu_out.view(), o);
-        qrecipe::synchronize(Device::cuda(0));
-        REQUIRE(plan.path == Path::emulated);
-        CHECK_MESSAGE(plan.reason.find(want_f32 ? "decoded to f32" : "decoded to bf16") != std::string::npos,
-                      "plan: ", plan.str());
-        const auto cpu = output_values(cpu_out.view());
-        double ref2 = 0;
-        for (const float v : cpu) ref2 += static_cast<double>(v) * v;
-        CHECK_MESSAGE(ref2 > 0, "the reference product must not vanish (the case would prove nothing)");
+        const auto mn = static_cast<std::size_t>(shape.m * shape.n);
         const Variant plain{"f32", DType::f32, 1.0f, false, false};
-        const std::vector<float> none(static_cast<std::size_t>(shape.m * shape.n), 0.0f);
-        const Comparison c = compare(cpu, output_values(gpu_out.view()), none, none, a, b, shape.m, shape.n,
-                                     bound_for(plan, shape.k), plain);
-        CHECK_MESSAGE(c.failures == 0, c.failures << " elements outside the bound; first " << c.first);
-        CHECK_MESSAGE(c.frobenius <= std::ldexp(1.0, -12), "relative Frobenius error " << c.frobenius);
+        const std::vector<float> none(mn, 0.0f);
+        if (cs.inexact_a || cs.inexact_b) {
+          // The case must be able to fail: BF16-truncated operands miss the bound.
+          Tensor ref(DType::f32, {shape.m, shape.n});
+          std::memset(ref.view().data(), 0, mn * 4);
+          qrecipe::gemm(a.cpu(), b.cpu(), ref.view(), GemmOptions{});
+          const Comparison t = compare(output_values(ref.view()),
+                                       truncated_product(a, cs.inexact_a, b, cs.inexact_b, shape.m, shape.n, shape.k),
+                                       none, none, a, b, shape.m, shape.n,
+                                       bound_for(GemmPlan{Path::emulated, false, ""}, shape.k), plain);
+          const bool discriminates = t.failures > 0 || t.frobenius > std::ldexp(1.0, -12);
+          REQUIRE_MESSAGE(discriminates,
+                          "BF16-truncated operands pass the bound: the case proves nothing (worst "
+                              << t.worst_ratio << ", Frobenius " << t.frobenius << ")");
+        }
+        if (selftest()) continue;
+        for (const Variant& v : kVariants) {
+          CAPTURE(std::string(v.label));
+          std::vector<float> out0 = random_normal(mn, seed + 2);
+          std::vector<float> bias = random_normal(static_cast<std::size_t>(shape.n), seed + 3);
+          // Keep the old output and the bias at the product's scale, so that they do not hide it.
+          Tensor cpu_probe(DType::f32, {shape.m, shape.n});
+          std::memset(cpu_probe.view().data(), 0, mn * 4);
+          qrecipe::gemm(a.cpu(), b.cpu(), cpu_probe.view(), GemmOptions{});
+          double scale = 0;
+          for (const float x : output_values(cpu_probe.view())) scale = std::max(scale, std::fabs(static_cast<double>(x)));
+          for (auto& x : out0) x = static_cast<float>(x * scale);
+          for (auto& x : bias) x = static_cast<float>(x * scale);
+          Tensor cpu_out(v.out, {shape.m, shape.n});
+          for (std::size_t i = 0; i < mn; ++i) {
+            if (v.out == DType::f32) {
+              cpu_out.data_as<float>()[i] = out0[i];
+            } else {
+              cpu_out.data_as<std::uint16_t>()[i] = qrecipe::num::f32_to_bf16(out0[i]);
+              out0[i] = qrecipe::num::bf16_to_f32(cpu_out.data_as<std::uint16_t>()[i]);
+            }
+          }
+          Tensor gpu_out = to_device(cpu_out);
+          Tensor bias_host(DType::f32, {shape.n});
+          std::memcpy(bias_host.data_as<float>(), bias.data(), bias.size() * 4);
+          Tensor bias_dev = to_device(bias_host);
+          GemmOptions o;
+          o.kind = kind.kind;
+          o.alpha = v.alpha;
+          o.accumulate = v.accumulate;
+          o.bias = v.bias ? bias_host.data_as<float>() : nullptr;
+          qrecipe::gemm(a.cpu(), b.cpu(), cpu_out.view(), o);
+          o.bias = v.bias ? bias_dev.data_as<float>() : nullptr;
+          const GemmPlan plan = qrecipe::gemm(a.gpu(), b.gpu(), gpu_out.view(), o);
+          qrecipe::synchronize(Device::cuda(0));
+          REQUIRE(plan.path == Path::emulated);
+          CHECK_MESSAGE(plan.reason.find("decoded to bf16") != std::string::npos, "plan: ", plan.str());
+          const bool says_checked = plan.reason.find("checked on the device") != std::string::npos;
+          CHECK_MESSAGE(says_checked == checked,
+                        "plan: ", plan.str());
+          const auto cpu = output_values(cpu_out.view());
+          double ref2 = 0;
+          for (const float x : cpu) ref2 += static_cast<double>(x) * x;
+          CHECK_MESSAGE(ref2 > 0, "the reference product must not vanish (the case would prove nothing)");
+          const Comparison c = compare(cpu, output_values(gpu_out.view()), out0, bias, a, b, shape.m, shape.n,
+                                       bound_for(plan, shape.k), v);
+          CHECK_MESSAGE(c.failures == 0, c.failures << " elements outside the bound; first " << c.first);
+          if (v.out == DType::f32)
+            CHECK_MESSAGE(c.frobenius <= std::ldexp(1.0, -12), "relative Frobenius error " << c.frobenius);
+        }
       }
     }
   }

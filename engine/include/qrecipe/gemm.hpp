@@ -15,10 +15,13 @@
 // pairs the table marks native go to cuBLASLt (loaded lazily, see engine/src/cublaslt.hpp) and
 // all others are emulated on the GPU: each operand decoded to BF16 by the engine's own
 // layout-driven decoders, the per-tensor factors (FP8 scale_inv, NVFP4's tensor factor) moved
-// into a device-side alpha, where BF16 holds every value exactly (checked per tensor on the
-// device for MXFP8 and blockwise); otherwise both operands decoded to FP32 by their quantizers'
-// CUDA dequantize. Then one cuBLASLt GEMM with FP32 accumulation (DESIGN.md section 6). A CUDA operand never falls back to the CPU; operands and output on
-// different devices are an error.
+// into a device-side alpha, then one BF16 cuBLASLt GEMM with FP32 accumulation (DESIGN.md
+// section 6). For MXFP8 and blockwise operands the decoders check on the device that BF16 held
+// every value; where one did not, a device kernel recomputes the output exactly (FP32-decoded
+// operands, FP32 accumulation) with no host wait. Dense FP32 operands and layouts without an
+// engine decoder are decoded to FP32 by their quantizers' CUDA dequantize for an FP32 cuBLASLt
+// GEMM. A CUDA operand never falls back to the CPU; operands and output on different devices
+// are an error.
 #pragma once
 
 #include <cstdint>
