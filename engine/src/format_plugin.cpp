@@ -52,6 +52,11 @@ FormatPlugin::FormatPlugin(std::string path, const qr_plugin_descriptor* d)
   QR_CHECK(d->create_quantizer && d->destroy_quantizer && d->layout && d->compute_amax &&
                d->quantize && d->dequantize && d->describe,
            "plugin ", path_, " (format '", name_, "') leaves a required function slot empty");
+  // Optional extras, looked up by name once (get_proc_address itself is optional).
+  if (d->get_proc_address != nullptr) {
+    quantize_grouped_ =
+        reinterpret_cast<qr_quantize_grouped_fn>(d->get_proc_address(QR_EXTRA_QUANTIZE_GROUPED));
+  }
   QR_CHECK(d->num_options == 0 || d->options != nullptr, "plugin ", path_, " declares ",
            d->num_options, " options but no option table");
   for (std::uint32_t i = 0; i < d->num_options; ++i) {

@@ -50,6 +50,7 @@
 #include "qrecipe/plugin_sdk_tensor.hpp"
 #include "qrecipe/tensor.hpp"
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
+#include "float8_grouped_kernels.hpp"
 #include "float8_kernels.hpp"
 #endif
 
@@ -192,6 +193,26 @@ class Float8Quantizer final : public sdk::QuantizerBase {
     QR_CHECK_CODE(src.device.type == QR_DEVICE_CPU, QR_STATUS_UNSUPPORTED,
                   "float8 quantize: unknown device type ", src.device.type);
     quantize_cpu(src, usage, dst, has_given ? given : ref::amax(src));
+  }
+
+  // Grouped quantization (the descriptor's quantize_grouped extra, plugin_abi.h: every group
+  // byte-identical to quantizing its rows alone; plugin_sdk.hpp has checked the generic
+  // arguments). CPU: the reference, one group after the other, which is the definition.
+  // CUDA: float8_grouped_kernels.cu, one amax launch and one cast launch for all groups (each
+  // group's own amax and scale; delayed scaling: the shared state's scale for every group and
+  // every group's amax into history row 0, as sequential calls would).
+  void quantize_grouped(const qr_tensor_view& src, std::span<const std::int64_t> group_rows,
+                        const qr_quantize_args& args, std::span<qr_quantized_tensor* const> dst) {
+    sdk::check_source_view(src, "float8");
+    if (src.device.type != QR_DEVICE_CUDA) {
+      std::int64_t row = 0;
+      for (std::size_t g = 0; g < dst.size(); ++g) {
+        quantize(sdk::row_slice(src, row, group_rows[g]), args, *dst[g]);
+        row += group_rows[g];
+      }
+      return;
+    }
+    quantize_grouped_cuda(src, group_rows, args, dst);
   }
 
   void dequantize(const qr_quantized_tensor& src, qr_direction direction,
@@ -457,6 +478,58 @@ class Float8Quantizer final : public sdk::QuantizerBase {
     (void)has_given;
     (void)given;
     throw_no_cuda("quantize");
+#endif
+  }
+
+  void quantize_grouped_cuda(const qr_tensor_view& src, std::span<const std::int64_t> group_rows,
+                             const qr_quantize_args& args,
+                             std::span<qr_quantized_tensor* const> dst) {
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    check_contiguous(src, "quantize_grouped");
+    const std::int64_t cols = view_cols(src);
+    cuda::GroupedCastArgs a;
+    a.src = src.data;
+    a.src_dtype = static_cast<qr_dtype>(src.dtype);
+    a.cols = cols;
+    a.data_dtype = o_.dtype;
+    a.groups.resize(dst.size());
+    for (std::size_t g = 0; g < dst.size(); ++g) {
+      qr_quantized_tensor& t = *dst[g];
+      const std::uint32_t usage = sdk::check_quantize_usage(args, t, "float8");
+      for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
+        if (usage & (d == QR_DIRECTION_ROWWISE ? QR_USAGE_ROWWISE : QR_USAGE_COLUMNWISE))
+          check_destination(direction_data(t, d), d, group_rows[g], cols, src.device);
+      cuda::GroupOutputs& o = a.groups[g];
+      o.rows = group_rows[g];
+      if (usage & QR_USAGE_ROWWISE) {
+        o.rowwise = static_cast<std::uint8_t*>(t.rowwise.data.data);
+        o.rowwise_scale_inv = static_cast<float*>(t.rowwise.scale_inv.data);
+        o.rowwise_amax = static_cast<float*>(t.rowwise.amax.data);
+      }
+      if (usage & QR_USAGE_COLUMNWISE) {
+        o.columnwise = static_cast<std::uint8_t*>(t.columnwise.data.data);
+        o.columnwise_scale_inv = static_cast<float*>(t.columnwise.scale_inv.data);
+        o.columnwise_amax = static_cast<float*>(t.columnwise.amax.data);
+      }
+    }
+    if (o_.scaling == Scaling::current) {
+      a.fmax = ref::fp8_max(o_.dtype);
+      a.pow2_scales = o_.pow2_scales;
+      a.amax_epsilon = o_.amax_epsilon;
+    } else {
+      ensure_state_on(src.device);
+      a.delayed_scale = state_.scale;
+      a.history_row0 = state_.amax_history;
+    }
+    a.device_index = src.device.index;
+    a.stream = args.stream;
+    cuda::quantize_grouped(a);
+#else
+    (void)src;
+    (void)group_rows;
+    (void)args;
+    (void)dst;
+    throw_no_cuda("quantize_grouped");
 #endif
   }
 

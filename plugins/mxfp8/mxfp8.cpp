@@ -25,6 +25,7 @@
 // never falls back to the CPU reference. The kernels need contiguous sources (strided CUDA
 // views are UNSUPPORTED); the reference reads any strided host view.
 #include <cstdint>
+#include <span>
 #include <sstream>
 #include <string>
 
@@ -35,6 +36,7 @@
 #include "qrecipe/plugin_sdk_tensor.hpp"
 #include "qrecipe/tensor.hpp"
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
+#include "mxfp8_grouped_kernels.hpp"
 #include "mxfp8_kernels.hpp"
 #endif
 
@@ -177,6 +179,59 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
       ref::quantize(src, d, data_dtype_, static_cast<std::uint8_t*>(dd.data.data),
                     static_cast<std::uint8_t*>(dd.scale_inv.data), dd.scale_inv.shape[1]);
     }
+  }
+
+  // Grouped quantization (the descriptor's quantize_grouped extra, plugin_abi.h: each group
+  // byte-identical to quantizing its rows alone; plugin_sdk.hpp has checked the generic
+  // arguments). CPU: the reference, group after group. CUDA: mxfp8_grouped_kernels.cu, ONE
+  // launch for all groups and both directions (mxfp8 has no tensor-level quantity).
+  void quantize_grouped(const qr_tensor_view& src, std::span<const std::int64_t> group_rows,
+                        const qr_quantize_args& args, std::span<qr_quantized_tensor* const> dst) {
+    sdk::check_source_view(src, "mxfp8");
+    require_supported_device(src.device, "quantize_grouped", "the source");
+    if (src.device.type != QR_DEVICE_CUDA) {
+      std::int64_t row = 0;
+      for (std::size_t g = 0; g < dst.size(); ++g) {
+        quantize(sdk::row_slice(src, row, group_rows[g]), args, *dst[g]);
+        row += group_rows[g];
+      }
+      return;
+    }
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    require_contiguous_cuda_source(src, "quantize_grouped");
+    const std::int64_t cols = view_cols(src);
+    cuda::GroupedQuantizeArgs a;
+    a.src = src.data;
+    a.src_dtype = static_cast<qr_dtype>(src.dtype);
+    a.cols = cols;
+    a.data_dtype = data_dtype_;
+    a.rowwise = (args.usage & QR_USAGE_ROWWISE) != 0;
+    a.columnwise = (args.usage & QR_USAGE_COLUMNWISE) != 0;
+    a.rowwise_scale_ld = ref::rowwise_scale_shape(0, cols).cols;
+    a.columnwise_scale_ld = ref::columnwise_scale_shape(0, cols).cols;
+    a.groups.resize(dst.size());
+    for (std::size_t g = 0; g < dst.size(); ++g) {
+      qr_quantized_tensor& t = *dst[g];
+      const std::uint32_t usage = sdk::check_quantize_usage(args, t, "mxfp8");
+      for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
+        if (usage & usage_bit(d))
+          check_buffers(direction_data(t, d), d, group_rows[g], cols, data_dtype_,
+                        "quantize_grouped", src.device);
+      cuda::GroupOutputs& o = a.groups[g];
+      o.rows = group_rows[g];
+      if (a.rowwise) {
+        o.rowwise_data = static_cast<std::uint8_t*>(t.rowwise.data.data);
+        o.rowwise_scale = static_cast<std::uint8_t*>(t.rowwise.scale_inv.data);
+      }
+      if (a.columnwise) {
+        o.columnwise_data = static_cast<std::uint8_t*>(t.columnwise.data.data);
+        o.columnwise_scale = static_cast<std::uint8_t*>(t.columnwise.scale_inv.data);
+      }
+    }
+    a.device_index = src.device.index;
+    a.stream = args.stream;
+    cuda::quantize_grouped(a);
+#endif
   }
 
   void dequantize(const qr_quantized_tensor& src, qr_direction direction,

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -75,6 +76,35 @@ class Engine {
   LinearPlan plan_linear(const std::string& module_type, const std::string& name,
                          std::int64_t in_features, std::int64_t out_features, std::int64_t tokens,
                          GemmTarget target);
+
+  // Grouped quantization (MoE experts stored as one tensor; engine/src/engine_grouped.cpp).
+  // `src` is [sum(group_rows), cols] as 2-D (leading dims flattened: a contiguous tensor, or
+  // a 2-D view with any strides); group g is its group_rows[g] consecutive rows after those
+  // of groups 0..g-1. Returns one QuantizedTensor per group (group_rows[g] x cols, `usage`,
+  // buffers from `allocator`, or the engine's when null), each byte-identical to
+  // q.quantize(rows of group g, usage) -- the groups quantized one after the other with
+  // options.rng_offset + g as offset when one is given. When q's plugin fills the optional
+  // quantize_grouped extra (plugin_abi.h) that is ONE plugin call (a CUDA plugin: one amax
+  // pass and one cast launch for all groups); otherwise the engine loops over the groups
+  // calling `quantize` (same bytes, one call per group). options.amax (a caller-reduced amax)
+  // is given to every group's quantize as it is, so it always takes the loop. Errors name the quantizer, the group and the
+  // shapes; at least one group, row counts >= 0 that sum to the source's rows.
+  std::vector<QuantizedTensor> quantize_grouped(const Quantizer& q, const TensorView& src,
+                                                std::span<const std::int64_t> group_rows,
+                                                std::uint32_t usage,
+                                                const QuantizeOptions& options = {},
+                                                std::shared_ptr<Allocator> allocator = nullptr);
+  // The same into existing tensors (dst[g] is group_rows[g] x cols; all hold the same usage,
+  // which is what is produced): in-place requantization of grouped weights.
+  void quantize_grouped_into(const Quantizer& q, const TensorView& src,
+                             std::span<const std::int64_t> group_rows,
+                             std::span<QuantizedTensor* const> dst,
+                             const QuantizeOptions& options = {});
+  // Whether q's plugin provides the grouped extra (one call for all groups) rather than the
+  // engine's per-group loop.
+  static bool has_grouped_quantize(const Quantizer& q) {
+    return q.plugin().quantize_grouped_extra() != nullptr;
+  }
 
   // Delayed scaling: the step's amax of every state (history row 0), in creation order, for the
   // caller to max-reduce across ranks; then update_scaling(reduced) applies the update of

@@ -45,6 +45,9 @@ class FormatPlugin {
   // True if some option takes a nested quantizer (such formats may not be nested themselves).
   bool takes_quantizers() const;
   const qr_plugin_descriptor& c() const { return *descriptor_; }
+  // The grouped-quantization extra (plugin_abi.h, QR_EXTRA_QUANTIZE_GROUPED), looked up once at
+  // load; nullptr when the plugin does not provide it (Engine::quantize_grouped then loops).
+  qr_quantize_grouped_fn quantize_grouped_extra() const { return quantize_grouped_; }
 
  private:
   std::string path_, name_, version_, description_, cuda_archs_;
@@ -52,6 +55,7 @@ class FormatPlugin {
   int cuda_version_ = 0;
   std::vector<OptionSchema> options_;
   const qr_plugin_descriptor* descriptor_;
+  qr_quantize_grouped_fn quantize_grouped_ = nullptr;
 };
 
 }  // namespace qrecipe

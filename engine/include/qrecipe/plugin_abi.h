@@ -350,6 +350,34 @@ typedef struct qr_plugin_descriptor {
   qr_status (*describe)(qr_quantizer* q, char* buffer, size_t capacity);
 } qr_plugin_descriptor;
 
+/* ---- Extras by name: `get_proc_address(name)` returns one of these (cast to void*) or NULL.
+ * Each name comes with the function type its pointer has. */
+
+/* Grouped quantization (MoE experts stored as one tensor): an optional extra. `src` is a 2-D
+ * [rows, cols] view (any strides) made of `num_groups` (>= 1) consecutive row groups: group g
+ * has group_rows[g] (>= 0) rows and starts after the rows of groups 0..g-1; the group rows
+ * sum to `rows`. dst[g] (num_groups pointers) is a quantized tensor of group_rows[g] x cols
+ * allocated by the host from `layout` exactly as for `quantize`, holding at least
+ * args->usage. The contract: every dst[g] ends up byte-identical (data, scale_inv, amax) to
+ * what `quantize` of group g's rows alone writes with the same args, the groups quantized
+ * one after the other in order g = 0, 1, ...; in particular
+ *   - per-tensor quantities (amax, scale) are per group, never over the whole tensor;
+ *   - stateful scaling (delayed) uses the quantizer's state as those sequential calls do
+ *     (each group reads the stored scale and max-accumulates its amax into the history);
+ *   - stochastic rounding: group g uses call offset args->rng_offset + g when
+ *     args->has_rng_offset, else the next num_groups offsets of the quantizer's counter;
+ *   - args->amax is NULL: the host never passes caller-reduced amaxes here (they are per
+ *     group; a host with reduced amaxes quantizes group by group instead).
+ * What it buys is launches: a CUDA implementation computes all group amaxes in one pass and
+ * casts every group in one launch instead of two launches per group. A plugin without it
+ * (get_proc_address returns NULL for the name) is quantized by the host one group at a time
+ * through `quantize`, with the same bytes. On error the contents of every dst[g] are unspecified. */
+#define QR_EXTRA_QUANTIZE_GROUPED "qr_quantize_grouped"
+typedef qr_status (*qr_quantize_grouped_fn)(qr_quantizer* q, const qr_tensor_view* src,
+                                            uint32_t num_groups, const int64_t* group_rows,
+                                            const qr_quantize_args* args,
+                                            qr_quantized_tensor* const* dst);
+
 /* Exported symbols of every plugin:
  *   const uint32_t qrecipe_plugin_abi = QR_PLUGIN_ABI_VERSION;   (read without running code)
  *   const qr_plugin_descriptor* qrecipe_plugin_entry(const qr_host_api* host);

@@ -9,6 +9,13 @@
 //   4. In exactly one .cpp of the plugin write
 //        QR_DEFINE_PLUGIN(MyQuantizer, "myformat", "1.0.0", "what it is", kSchema, devices)
 //      which defines and exports `qrecipe_plugin_abi` and `qrecipe_plugin_entry`.
+//   5. Optional: give the class a member
+//        void quantize_grouped(const qr_tensor_view& src, std::span<const std::int64_t> rows,
+//                              const qr_quantize_args& args,
+//                              std::span<qr_quantized_tensor* const> dst);
+//      and get_proc_address(QR_EXTRA_QUANTIZE_GROUPED) returns it (plugin_abi.h has the
+//      contract; check_grouped_call below has already checked the generic arguments when it
+//      runs). Other extras come from the function given to QR_DEFINE_PLUGIN_EX.
 // Every call into the class goes through a noexcept trampoline that turns exceptions into
 // qr_status values made by the host, so no exception ever crosses the boundary.
 #pragma once
@@ -17,6 +24,7 @@
 #include <cstring>
 #include <exception>
 #include <new>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -145,6 +153,57 @@ class QuantizerBase {
   virtual std::string describe() const = 0;
 };
 
+// A quantizer class that implements grouped quantization (how-to step 5 above).
+template <class Q>
+concept HasQuantizeGrouped = requires(Q& q, const qr_tensor_view& src,
+                                      std::span<const std::int64_t> rows,
+                                      const qr_quantize_args& args,
+                                      std::span<qr_quantized_tensor* const> dst) {
+  q.quantize_grouped(src, rows, args, dst);
+};
+
+// The generic checks of a quantize_grouped call (plugin_abi.h), made before the plugin's own:
+// struct sizes, at least one group, a 2-D source whose rows the groups cover exactly, one
+// destination of group_rows[g] x cols per group holding the requested usage, no reduced amax.
+// `format` names the plugin in the messages.
+inline void check_grouped_call(const qr_tensor_view* src, std::uint32_t num_groups,
+                               const std::int64_t* group_rows, const qr_quantize_args* args,
+                               qr_quantized_tensor* const* dst, const char* format) {
+  QR_CHECK(src && args && (num_groups == 0 || (group_rows && dst)), format,
+           " quantize_grouped: called with a null source, args, group_rows or dst array");
+  QR_CHECK(src->struct_size >= sizeof(qr_tensor_view), format,
+           " quantize_grouped: source view struct_size ", src->struct_size, " < ",
+           sizeof(qr_tensor_view));
+  QR_CHECK(args->struct_size >= sizeof(qr_quantize_args), format,
+           " quantize_grouped: qr_quantize_args struct_size ", args->struct_size, " < ",
+           sizeof(qr_quantize_args));
+  QR_CHECK(num_groups >= 1, format, " quantize_grouped: num_groups is 0; pass at least one "
+           "group");
+  QR_CHECK(src->ndim == 2, format, " quantize_grouped: the source must be a 2-D [rows, cols] "
+           "view, got ndim ", src->ndim, "; flatten the leading dimensions first");
+  QR_CHECK(args->amax == nullptr, format, " quantize_grouped: args.amax must be NULL (reduced "
+           "amaxes are per group: quantize the groups one by one with their own amax)");
+  std::int64_t total = 0;
+  for (std::uint32_t g = 0; g < num_groups; ++g) {
+    QR_CHECK(group_rows[g] >= 0, format, " quantize_grouped: group ", g, " has ", group_rows[g],
+             " rows; row counts must be >= 0");
+    total += group_rows[g];
+  }
+  QR_CHECK(total == src->shape[0], format, " quantize_grouped: the ", num_groups,
+           " group row counts sum to ", total, " but the source has ", src->shape[0],
+           " rows; the groups must cover every row exactly");
+  for (std::uint32_t g = 0; g < num_groups; ++g) {
+    QR_CHECK(dst[g] != nullptr && dst[g]->struct_size >= sizeof(qr_quantized_tensor), format,
+             " quantize_grouped: destination ", g, " is null or has a short struct_size");
+    QR_CHECK(dst[g]->rows == group_rows[g] && dst[g]->cols == src->shape[1], format,
+             " quantize_grouped: destination ", g, " is ", dst[g]->rows, " x ", dst[g]->cols,
+             " but group ", g, " is ", group_rows[g], " x ", src->shape[1]);
+    QR_CHECK((dst[g]->usage & args->usage) == args->usage, format, " quantize_grouped: "
+             "destination ", g, " holds usage ", dst[g]->usage, " but ", args->usage,
+             " is requested; allocate every group with the requested usage");
+  }
+}
+
 // C trampolines for a QuantizerBase subclass Q.
 template <class Q>
 struct Trampolines {
@@ -183,6 +242,16 @@ struct Trampolines {
       self(q)->dequantize(*src, static_cast<qr_direction>(direction), *dst, stream);
     });
   }
+  static qr_status quantize_grouped(qr_quantizer* q, const qr_tensor_view* src,
+                                    std::uint32_t num_groups, const std::int64_t* group_rows,
+                                    const qr_quantize_args* args,
+                                    qr_quantized_tensor* const* dst) noexcept {
+    return guard([&] {
+      check_grouped_call(src, num_groups, group_rows, args, dst, "plugin");
+      self(q)->quantize_grouped(*src, std::span<const std::int64_t>(group_rows, num_groups),
+                                *args, std::span<qr_quantized_tensor* const>(dst, num_groups));
+    });
+  }
   static qr_status describe(qr_quantizer* q, char* buffer, std::size_t capacity) noexcept {
     return guard([&] {
       const std::string s = self(q)->describe();
@@ -219,6 +288,21 @@ constexpr qr_plugin_descriptor make_descriptor(const char* name, const char* ver
           &Trampolines<Q>::dequantize,
           get_proc_address,
           &Trampolines<Q>::describe};
+}
+
+// The descriptor's get_proc_address: the extras the SDK itself provides for Q (grouped
+// quantization when Q has a quantize_grouped member), then whatever `PluginExtras` (the
+// plugin's own lookup, QR_DEFINE_PLUGIN_EX) returns.
+template <class Q, void* (*PluginExtras)(const char*)>
+void* extras(const char* name) {
+  if (name == nullptr) return nullptr;
+  if constexpr (HasQuantizeGrouped<Q>) {
+    if (std::strcmp(name, QR_EXTRA_QUANTIZE_GROUPED) == 0) {
+      const qr_quantize_grouped_fn fn = &Trampolines<Q>::quantize_grouped;
+      return reinterpret_cast<void*>(fn);  // POSIX: function pointers round-trip through void*
+    }
+  }
+  return PluginExtras(name);
 }
 
 // Devices this build of a plugin serves: its CPU reference always, CUDA when the plugin was
@@ -272,7 +356,8 @@ inline void check_host(qr_status status, std::string_view context) {
       const qr_host_api* host) {                                                                \
     static const qr_plugin_descriptor descriptor = ::qrecipe::sdk::make_descriptor<QuantizerClass>( \
         name, version, description, devices, QR_SDK_CUDA_VERSION, QR_SDK_CUDA_ARCHS, schema,    \
-        static_cast<uint32_t>(sizeof(schema) / sizeof((schema)[0])), get_proc);                 \
+        static_cast<uint32_t>(sizeof(schema) / sizeof((schema)[0])),                            \
+        &::qrecipe::sdk::extras<QuantizerClass, get_proc>);                                     \
     if (host == nullptr || host->abi_version != QR_PLUGIN_ABI_VERSION ||                        \
         host->struct_size < sizeof(qr_host_api))                                                \
       return nullptr;                                                                           \

@@ -136,6 +136,18 @@ inline bool same_device(const qr_device& a, const qr_device& b) {
   return a.type == b.type && (a.type == QR_DEVICE_CPU || a.index == b.index);
 }
 
+// The rows [row_begin, row_begin + rows) of a 2-D view, as a view of their own (same
+// strides): group g of a grouped quantize call (plugin_abi.h quantize_grouped).
+inline qr_tensor_view row_slice(const qr_tensor_view& src, std::int64_t row_begin,
+                                std::int64_t rows) {
+  qr_tensor_view v = src;
+  v.shape[0] = rows;
+  if (src.data != nullptr && rows > 0)
+    v.data = static_cast<char*>(src.data) +
+             row_begin * src.strides[0] * dtype_bits(static_cast<DType>(src.dtype)) / 8;
+  return v;
+}
+
 // Calls fn(offset) with the element offset of every element of v in logical row-major order.
 // The view is walked with an N-D counter, so any strides (0, negative, padded) are fine.
 template <class Fn>
