@@ -6,7 +6,7 @@
 #
 #   configure  unpack .deps and configure only (build does this too when needed)
 #   build      unpack, configure unless $BUILD_DIR/CMakeCache.txt exists, build everything
-#   test       ctest -j8 (every suite, test_gpu_parity included)
+#   test       ctest -j8 (every suite, the test_gpu_parity_<format> entries included)
 #   bench      bench_quantize --out $OUT/bench.json, bench_gemm --out $OUT/bench_gemm.json,
 #              bench/bench_linear.py --out $OUT/bench_linear.json (when the adapter is built)
 #
@@ -300,8 +300,7 @@ do_bench() {
     if has_adapter; then
       # shellcheck disable=SC2086  # BENCH_LINEAR_ARGS is a list of words on purpose
       PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_linear.py" \
-        --bench-gemm "$BUILD_DIR/bin/bench_gemm" --out "$OUT/bench_linear.json" \
-        ${BENCH_LINEAR_ARGS:-} || rc=1
+        --out "$OUT/bench_linear.json" ${BENCH_LINEAR_ARGS:-} || rc=1
     fi
   fi
   # One file of the results format (bench/results/<date>-<gpu>.json) and its markdown table.
@@ -324,12 +323,13 @@ print_summary() {
     grep -E '% tests passed' "$OUT/test.log" || echo "tests: no ctest summary line (see test.log)"
     grep -E '^\s+[0-9]+ - .* \((Failed|Timeout|Subprocess aborted|SEGFAULT|Not Run|Exception)' "$OUT/test.log" || true
     if [[ -f $OUT/ctest_full.log ]]; then
-      # This suite's own output inside ctest's log: its messages, first errors, doctest totals.
+      # The parity suites' own output inside ctest's log (one entry per format): their
+      # messages, first errors, doctest totals.
       echo "test_gpu_parity:"
-      awk '/^[0-9]+\/[0-9]+ Test: test_gpu_parity$/{on=1} on{print} on&&/^<end of output>/{exit}' \
+      awk '/^[0-9]+\/[0-9]+ Test: test_gpu_parity/{on=1} on{print} on&&/^<end of output>/{on=0}' \
         "$OUT/ctest_full.log" >"$OUT/test_gpu_parity.log"
       grep -E 'MESSAGE: |ERROR: |\[doctest\] (test cases|assertions)' "$OUT/test_gpu_parity.log" \
-        | sed -E 's/^.*(MESSAGE|ERROR): /  \1: /' | grep -v 'supports cpu only' | head -n 40
+        | sed -E 's/^.*(MESSAGE|ERROR): /  \1: /' | grep -v 'supports cpu only\|not in QRECIPE_GPU_PARITY_ONLY' | head -n 60
     fi
   fi
   if [[ -f $OUT/results.md && " ${summary_order[*]} " == *" bench "* ]]; then

@@ -28,6 +28,7 @@
 #include "qrecipe/gemm.hpp"
 #include "qrecipe/recipe.hpp"
 #include "qrecipe/registry.hpp"
+#include "raw_gemm.hpp"
 #include "torch_interop.hpp"
 
 namespace py = pybind11;
@@ -321,6 +322,46 @@ void load_scaling_states(Engine& engine, const py::list& states, bool update) {
   if (update) engine.update_scaling_of(loaded);
 }
 
+// ---------------------------------------------------------------- grouped quantization
+// Engine::quantize_grouped on a torch tensor (GroupedLinear's single grouped weight): one
+// QuantizedTensor per row group, each byte-identical to quantizer.quantize(rows of that group),
+// in ONE plugin call when the format fills the quantize_grouped extra (plugin_abi.h), otherwise
+// through the engine's per-group loop.
+std::vector<PyQuantized> quantize_grouped(const PyQuantizer& q, const at::Tensor& src,
+                                          const std::vector<std::int64_t>& group_rows,
+                                          std::uint32_t usage,
+                                          std::optional<std::uint64_t> rng_offset) {
+  QR_CHECK(q.engine != nullptr, "quantize_grouped: the quantizer has no engine; take it from "
+           "Engine.resolve or plan_linear");
+  const TensorView view = to_view(src, "tensor to quantize grouped");
+  QuantizeOptions options;
+  options.rng_offset = rng_offset;
+  options.stream = current_stream(src);
+  std::vector<QuantizedTensor> out;
+  {
+    py::gil_scoped_release no_gil;
+    out = q.engine->quantize_grouped(*q.quantizer, view, group_rows, usage, options,
+                                     torch_allocator());
+  }
+  std::vector<PyQuantized> result;
+  result.reserve(out.size());
+  for (auto& t : out) result.push_back(PyQuantized{std::make_shared<QuantizedTensor>(std::move(t)), q});
+  return result;
+}
+
+void bind_grouped(py::module_& m) {
+  m.def("quantize_grouped", &quantize_grouped, py::arg("quantizer"), py::arg("tensor"),
+        py::arg("group_rows"), py::arg("usage"), py::arg("rng_offset") = std::nullopt,
+        "One QuantizedTensor per row group of `tensor` ([sum(group_rows), cols], leading dims "
+        "flattened), each byte-identical to quantizer.quantize(rows of that group); group g "
+        "uses rng_offset + g when an offset is given. One plugin call when the format has the "
+        "grouped extra (has_grouped_quantize), else one quantize per group.");
+  m.def("has_grouped_quantize", [](const PyQuantizer& q) { return Engine::has_grouped_quantize(*q.quantizer); },
+        py::arg("quantizer"),
+        "Whether the quantizer's plugin quantizes all groups in one call (the optional "
+        "quantize_grouped extra) rather than through the engine's per-group loop.");
+}
+
 }  // namespace
 
 void bind(py::module_& m) {
@@ -491,6 +532,11 @@ void bind(py::module_& m) {
         "[outer(B)] on the output's device. CUDA work runs on torch's current stream.");
   m.def("live_allocations", [] { return torch_allocator()->live_allocations(); },
         "Buffers the adapter's torch-backed allocator holds now (for leak tests).");
+  bind_grouped(m);
+
+  // ---- benchmarks only: raw cuBLASLt GEMMs for bench/bench_linear.py's floor (raw_gemm.cpp;
+  // CUDA builds only).
+  bind_raw_gemm(m, cuda_current_stream);
 }
 
 }  // namespace qrecipe::python

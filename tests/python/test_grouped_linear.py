@@ -1,7 +1,10 @@
 """qrecipe.nn.GroupedLinear: the same numbers as separate layers (torch.nn.Linear when nothing is
 quantized, qrecipe.nn.Linear under every shipped recipe) bit for bit, including experts with
 no rows; the single-parameter layout and its offsets; m_splits validation; the weight cache
-across micro-batches in both layouts (per expert, stale when the grouped weight changes)."""
+across micro-batches in both layouts (per expert, stale when the grouped weight changes); the
+single parameter quantized by one grouped engine call (``_C.quantize_grouped``: float8 and
+mxfp8 through their plugins' grouped extra, the other formats through the engine's per-group
+loop) with each expert's bytes equal to quantizing it alone."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -324,10 +327,26 @@ def microbatch_steps(module, recipe, data, flag):
     return results
 
 
+@pytest.fixture
+def grouped_quantizations(monkeypatch):
+    """(number of groups, usage) of every grouped weight quantization GroupedLinear makes."""
+    from qrecipe.nn import grouped_linear
+    calls = []
+    original = grouped_linear._quantize_grouped
+
+    def counting(quantizer, weight, group_rows, usage):
+        assert ":weight@" in quantizer.role
+        calls.append((len(group_rows), usage))
+        return original(quantizer, weight, group_rows, usage)
+
+    monkeypatch.setattr(grouped_linear, "_quantize_grouped", counting)
+    return calls
+
+
 @pytest.mark.parametrize("name", ["default", "mxfp8", "float8_delayed"])
 @pytest.mark.parametrize("single", [True, False])
 def test_weight_cache_is_bit_identical_and_quantizes_once_per_expert_per_step(
-        name, single, weight_quantizations):
+        name, single, weight_quantizations, grouped_quantizations):
     from qrecipe.nn import weight_cache
     steps, micro = 2, 3
     g = torch.Generator().manual_seed(3)
@@ -340,13 +359,17 @@ def test_weight_cache_is_bit_identical_and_quantizes_once_per_expert_per_step(
     # Fresh recipes per side: float8_delayed's scales then evolve identically.
     want = microbatch_steps(plain_module, qrecipe.Recipe.builtin(name), data, lambda i: None)
     assert len(weight_quantizations) == steps * micro * 3  # every expert, every micro-batch
-    del weight_quantizations[:]
+    # ... by one grouped call for all experts in the single layout.
+    assert grouped_quantizations == ([(3, 3)] * (steps * micro) if single else [])
+    del weight_quantizations[:], grouped_quantizations[:]
     weight_cache.reset_stats()
     got = microbatch_steps(cached_module, qrecipe.Recipe.builtin(name), data,
                            lambda i: i == 0)
     assert_all_equal(got, want)
-    # One quantization per expert per step (the empty expert included), both directions.
+    # One quantization per expert per step (the empty expert included), both directions: in
+    # the single layout one grouped call at each step's first micro-batch.
     assert weight_quantizations == [3] * (steps * 3)
+    assert grouped_quantizations == ([(3, 3)] * steps if single else [])
     assert weight_cache.stats == {"quantized": steps * 3, "reused": steps * (micro - 1) * 3,
                                   "stale": 0}
     if single:  # kept under the grouped parameter, one entry per expert (and quantizer)
@@ -378,3 +401,134 @@ def test_grouped_weight_cache_goes_stale_when_the_parameter_changes(weight_quant
         with pytest.raises(RuntimeError, match="group 0 of this weight.*is_first_microbatch"
                                                "=True on the first"):
             module(x, SPLITS, is_first_microbatch=False)
+
+
+# ------------------------------------------------------------------ grouped quantization
+def expert_buffers(q):
+    """Every buffer of a quantized tensor, as bytes on the CPU, by direction and kind."""
+    out = {}
+    for direction in ("rowwise", "columnwise"):
+        if q.has(direction):
+            for what in ("data", "scale_inv", "amax"):
+                b = getattr(q, what)(direction)
+                if b is not None:
+                    out[f"{direction} {what}"] = b.cpu().view(torch.uint8)
+    return out
+
+
+def assert_same_buffers(got, want, what):
+    a, b = expert_buffers(got), expert_buffers(want)
+    assert a.keys() == b.keys(), what
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{what}: {key} differs"
+
+
+GROUPED_RECIPES = sorted(n for n in qrecipe.Recipe.builtin_names()
+                         if n not in ("none", "hybrid_seed"))
+
+
+@pytest.mark.parametrize("name", GROUPED_RECIPES)
+def test_quantize_grouped_equals_each_expert_quantized_alone(name):
+    from qrecipe import _C
+    # Two identical recipes: delayed states and stochastic-rounding counters advance alike.
+    plan = qrecipe.Recipe.builtin(name).engine.plan_linear("grouped_linear", "e", IN, OUT, 64)
+    ref = qrecipe.Recipe.builtin(name).engine.plan_linear("grouped_linear", "e", IN, OUT, 64)
+    q, rq = plan["weight"], ref["weight"]
+    rows = [32, 0, 48, 16]
+    w = torch.randn(sum(rows), IN, dtype=torch.bfloat16)
+    w[40, 3] = 500.0  # expert 2 alone has a large amax: per-tensor scales must be per expert
+    got = _C.quantize_grouped(q, w, rows, 3)
+    assert len(got) == len(rows)
+    assert _C.has_grouped_quantize(q) == (q.format in ("float8", "mxfp8"))
+    for i, part in enumerate(w.split(rows)):
+        assert (got[i].rows, got[i].cols) == (rows[i], IN)
+        assert_same_buffers(got[i], rq.quantize(part.contiguous(), 3), f"{name} expert {i}")
+
+
+def test_quantize_grouped_rejects_bad_group_rows():
+    from qrecipe import _C
+    q = qrecipe.Recipe.default().engine.plan_linear("grouped_linear", "e", IN, OUT, 8)["weight"]
+    w = torch.randn(64, IN)
+    with pytest.raises(qrecipe.QrecipeError,
+                       match="group row counts sum to 60 but the source f32\\[64, 32\\]"):
+        _C.quantize_grouped(q, w, [30, 30], 3)
+    with pytest.raises(qrecipe.QrecipeError, match="no groups given"):
+        _C.quantize_grouped(q, w, [], 3)
+    with pytest.raises(qrecipe.QrecipeError, match="group 1 has -4 rows"):
+        _C.quantize_grouped(q, w, [68, -4], 3)
+
+
+@pytest.mark.parametrize("name", GROUPED_RECIPES)
+def test_single_parameter_uses_one_grouped_call_and_matches_multi(
+        name, weight_quantizations, grouped_quantizations):
+    """The single layout quantizes its weight with one grouped call per forward (no
+    per-expert weight quantization), and its numbers equal the multi-parameter layout's,
+    whose experts are quantized one by one (fresh recipes per side, two steps)."""
+    dtype = DTYPE.get(name, torch.float32)
+    torch.manual_seed(8)
+    single = grouped(True, dtype=dtype)
+    torch.manual_seed(8)
+    multi = grouped(False, dtype=dtype)
+    r_single, r_multi = qrecipe.Recipe.builtin(name), qrecipe.Recipe.builtin(name)
+    for step in range(2):
+        x = torch.randn(sum(SPLITS), IN, dtype=dtype)
+        dy = torch.randn(sum(SPLITS), OUT, dtype=dtype)
+        del weight_quantizations[:], grouped_quantizations[:]
+        a = run_grouped(single, x, dy, SPLITS, r_single)
+        # One grouped call, and no per-expert quantization of the weight besides it.
+        assert grouped_quantizations == [(3, 3)] and weight_quantizations == [3, 3, 3]
+        b = run_grouped(multi, x, dy, SPLITS, r_multi)
+        assert grouped_quantizations == [(3, 3)] and weight_quantizations == [3] * 6
+        assert_all_equal(a, b)
+    # Under no_grad only the rowwise copies fprop needs.
+    del grouped_quantizations[:]
+    with torch.no_grad(), qrecipe.autocast(r_single):
+        single(torch.randn(sum(SPLITS), IN, dtype=dtype), SPLITS)
+    assert grouped_quantizations == [(3, 1)]
+
+
+def test_grouped_call_not_used_outside_autocast_or_for_unquantized_weights(
+        grouped_quantizations):
+    module = grouped()
+    x = torch.randn(sum(SPLITS), IN)
+    module(x, SPLITS)
+    with qrecipe.autocast(NONE):
+        module(x, SPLITS)
+    weights_none = qrecipe.Recipe.from_dict({
+        "version": 1, "name": "weights-none", "defaults": {"format": "none"},
+        "rules": [{"match": {"tensor_type": "input"}, "quantizer": {"format": "float8"}}]})
+    with qrecipe.autocast(weights_none):
+        module(x, SPLITS)
+    assert grouped_quantizations == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["default", "float8_delayed", "mxfp8", "blockwise"])
+def test_grouped_on_cuda_matches_cpu_and_multi_layout(name, grouped_quantizations):
+    from qrecipe import _C
+    # _C.quantize_grouped on CUDA (float8: the grouped kernels) == CPU bytes per expert.
+    q_gpu = qrecipe.Recipe.builtin(name).engine.plan_linear("grouped_linear", "e", IN, OUT,
+                                                            64)["weight"]
+    q_cpu = qrecipe.Recipe.builtin(name).engine.plan_linear("grouped_linear", "e", IN, OUT,
+                                                            64)["weight"]
+    rows = [33, 0, 64, 7, 128]
+    w = torch.randn(sum(rows), IN, dtype=torch.bfloat16)
+    w[50, 1] = 900.0
+    got = _C.quantize_grouped(q_gpu, w.cuda(), rows, 3)
+    want = _C.quantize_grouped(q_cpu, w, rows, 3)
+    for i in range(len(rows)):
+        assert got[i].data("rowwise").is_cuda
+        assert_same_buffers(got[i], want[i], f"{name} expert {i}")
+    # The module on CUDA: single layout (grouped) == multi layout (per expert), bit for bit.
+    torch.manual_seed(2)
+    single = grouped(True).cuda()
+    torch.manual_seed(2)
+    multi = grouped(False).cuda()
+    r_single, r_multi = qrecipe.Recipe.builtin(name), qrecipe.Recipe.builtin(name)
+    for _ in range(2):
+        x = torch.randn(sum(SPLITS), IN, device="cuda")
+        dy = torch.randn(sum(SPLITS), OUT, device="cuda")
+        del grouped_quantizations[:]
+        a = run_grouped(single, x, dy, SPLITS, r_single)
+        assert grouped_quantizations == [(3, 3)]
+        assert_all_equal(a, run_grouped(multi, x, dy, SPLITS, r_multi))

@@ -113,9 +113,16 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
             return cached
         plan = dict(recipe.engine.plan_linear(self.MODULE_TYPE, name, in_features,
                                               out_features, max(1, tokens)))
+        # Which GEMMs the quantizers' pairing runs natively on a GPU (the CUDA path plans for
+        # sm90), for a token count the native GEMMs accept: the backward's stream decision.
+        gpu_tokens = -(-max(1, tokens) // 128) * 128
+        gpu = recipe.engine.plan_linear(self.MODULE_TYPE, name, in_features, out_features,
+                                        gpu_tokens, "sm90")
+        native_on_gpu = frozenset(k for k in _GEMM_KINDS if ": native" in gpu[k])
         roles = LinearRoles(input=plan.pop("input"), weight=plan.pop("weight"),
                             grad_output=plan.pop("grad_output"),
-                            plan={**plan, "name": name, "out_features": out_features})
+                            plan={**plan, "name": name, "out_features": out_features,
+                                  "native_on_gpu": native_on_gpu})
         per_recipe[gemm] = roles
         return roles
 
@@ -149,12 +156,14 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                 gemm: str = "", is_first_microbatch: Optional[bool] = None,
                 fuse_wgrad_accumulation: bool = False,
-                weight_group: Optional[Tuple[torch.Tensor, int]] = None) -> torch.Tensor:
+                weight_group: Optional[Tuple[torch.Tensor, int]] = None,
+                weight_operand=None) -> torch.Tensor:
         """``y = x W^T + b`` for GEMM `gemm` under the active recipe: torch's F.linear when
         nothing is quantized, else the quantized GEMMs of ``quantized_linear`` (with its
         weight caching across micro-batches and FP32 main_grad accumulation).
         `weight_group`: ``(parameter, index)`` when `weight` is rows of a grouped parameter
-        (the weight cache keeps its entry there)."""
+        (the weight cache keeps its entry there). `weight_operand`: `weight` already quantized
+        by the caller for this call (GroupedLinear's grouped quantization), used as is."""
         recipe = _autocast.current_recipe()
         if recipe is None:
             return F.linear(x, weight, bias)
@@ -166,7 +175,8 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
         _autocast.note_step_activity(recipe)
         return quantized_linear(x, weight, bias, roles, is_first_microbatch=is_first_microbatch,
                                 fuse_wgrad_accumulation=fuse_wgrad_accumulation,
-                                who=self._who(), weight_group=weight_group)
+                                who=self._who(), weight_group=weight_group,
+                                weight_operand=weight_operand)
 
     def _who(self) -> str:
         kind = f"qrecipe.nn.{type(self).__name__}"

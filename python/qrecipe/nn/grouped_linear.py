@@ -19,6 +19,16 @@ expert, so the experts share one quantizer per role: a delayed-scaling role keep
 history for all experts (their max), and a stochastic-rounding role one call counter. An
 expert with no rows still runs (empty GEMMs), so every expert's weight gets a gradient (zero)
 and is quantized each step whatever the routing.
+
+Grouped quantization: in the single-parameter layout the experts' weights are quantized by ONE
+engine call over the whole parameter (``_C.quantize_grouped``, Engine::quantize_grouped): each
+expert's bytes and scales are exactly those of quantizing its rows alone (so the numbers above
+do not change), but a format whose plugin provides the optional ``quantize_grouped`` extra (float8:
+one amax launch and one cast launch for all experts on the GPU; mxfp8: one launch) does it in
+one call instead of one per expert; other formats go through the engine's per-expert loop. It runs when the module
+quantizes its weight every call or at the first micro-batch (``is_first_microbatch`` None or
+True; the kept experts then go into the weight cache); later micro-batches reuse the cache
+(a stale expert is re-quantized on its own), and torch.compile traces the per-expert path.
 """
 from __future__ import annotations
 
@@ -28,10 +38,19 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from .. import autocasting as _autocast
+from .._engine import _C
 from ..quantized_param import QuantizedInitMixin, QuantizedWeight
+from . import weight_cache as _weight_cache
 from .base import QuantizedModule, init_linear_parameters, register_linear_parameters
 
 Splits = Union[Sequence[int], torch.Tensor]
+_ROWWISE, _COLUMNWISE = 1, 2
+
+
+def _quantize_grouped(quantizer, weight: torch.Tensor, group_rows: List[int], usage: int):
+    """Every grouped weight quantization goes through here (tests count the calls): one
+    QuantizedTensor per group of rows, each as if quantized alone."""
+    return _C.quantize_grouped(quantizer, weight, group_rows, usage)
 
 
 class GroupedLinear(QuantizedInitMixin, QuantizedModule):
@@ -185,11 +204,48 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
         if self.fuse_wgrad_accumulation and self.single_grouped_parameter:
             self._attach_main_grad_views(weights)
         grouped = self.single_grouped_parameter and not isinstance(self.weight, QuantizedWeight)
+        operands = (self._grouped_weight_operands(x, weights, is_first_microbatch)
+                    if grouped else None)
         xs = x.reshape(-1, self.in_features).split(splits, dim=0)
-        outs = [self._linear(xi, wi, bi, "", is_first_microbatch, self.fuse_wgrad_accumulation,
-                             (self.weight, i) if grouped else None)
-                for i, (xi, wi, bi) in enumerate(zip(xs, weights, self.expert_biases()))]
+        outs = []
+        for i, (xi, wi, bi) in enumerate(zip(xs, weights, self.expert_biases())):
+            op = None if operands is None else operands[i]
+            outs.append(self._linear(xi, wi, bi, "", is_first_microbatch,
+                                     self.fuse_wgrad_accumulation,
+                                     (self.weight, i) if grouped else None, weight_operand=op))
+            if op is not None and is_first_microbatch is None and op.has("columnwise") and \
+                    op.has("rowwise"):
+                op.drop("rowwise")  # fprop is done; backward (dgrad) keeps the columnwise copy
         return torch.cat(outs, dim=0).reshape(*x.shape[:-1], self.out_features)
+
+    def _grouped_weight_operands(self, x: torch.Tensor, weights: List[torch.Tensor],
+                                 is_first_microbatch: Optional[bool]) -> Optional[list]:
+        """Every expert's quantized weight from ONE grouped quantization of the single
+        parameter, with the directions the experts' GEMMs need (as quantized_linear would
+        ask for each), or None when the per-expert path applies: outside autocast, a weight
+        role of format none, a later micro-batch (is_first_microbatch=False: the weight cache
+        decides), or while torch.compile traces. At the first micro-batch the experts' operands
+        are kept in the weight cache, exactly as quantizing each expert there would."""
+        recipe = _autocast.current_recipe()
+        if recipe is None or not (is_first_microbatch is None or is_first_microbatch is True):
+            return None
+        if torch.compiler.is_compiling():
+            return None
+        tokens = x.numel() // self.in_features if self.in_features else 0
+        roles = self.roles(recipe, tokens)
+        if roles.all_none or roles.weight is None:
+            return None
+        grad = torch.is_grad_enabled()
+        usage = _ROWWISE | (_COLUMNWISE if grad and x.requires_grad else 0)
+        if is_first_microbatch and grad:
+            usage |= _COLUMNWISE  # dgrad of a later micro-batch (as the weight cache does)
+        operands = _quantize_grouped(roles.weight, self.weight.detach().contiguous(),
+                                     [self.out_features] * self.num_gemms, usage)
+        if is_first_microbatch:
+            generation = recipe.scaling_generation
+            for i, (w, op) in enumerate(zip(weights, operands)):
+                _weight_cache.keep(w, roles.weight, usage, op, generation, (self.weight, i))
+        return operands
 
     def extra_repr(self) -> str:
         s = (f"num_gemms={self.num_gemms}, in_features={self.in_features}, "

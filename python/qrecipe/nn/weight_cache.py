@@ -102,13 +102,25 @@ def cached_weight_operand(weight: torch.Tensor, quantizer, usage: int,
         usage |= _COLUMNWISE  # dgrad of a later micro-batch
     source = weight.detach().contiguous()
     operand = quantize(quantizer, source, usage)
+    keep(weight, quantizer, usage, operand, generation, group)
+    return operand
+
+
+def keep(weight: torch.Tensor, quantizer, usage: int, operand, generation: int = 0,
+         group: Optional[Tuple[torch.Tensor, int]] = None) -> None:
+    """Keeps `operand` (made by `quantizer` from `weight` with `usage`) as the entry of
+    `weight` (or of `group` = (parameter, index)), counted in ``stats["quantized"]``: what
+    ``is_first_microbatch=True`` does after quantizing, for callers that quantize themselves
+    (GroupedLinear quantizes all experts in one grouped call, then keeps each expert's)."""
+    owner, index = (weight, 0) if group is None else group
     stats["quantized"] += 1
+    per_weight = _cache.get(owner)
     if per_weight is None:
         per_weight = {}
         _cache[owner] = per_weight
-    per_weight[key] = _Entry(operand, quantizer, usage, owner._version, generation,
-                             weight.data_ptr(), weight.shape, weight.dtype, weight.device)
-    return operand
+    per_weight[(id(quantizer), index)] = _Entry(
+        operand, quantizer, usage, owner._version, generation, weight.data_ptr(), weight.shape,
+        weight.dtype, weight.device)
 
 
 def clear(weight: Optional[torch.Tensor] = None) -> None:
