@@ -446,14 +446,13 @@ class Float8Quantizer final : public sdk::QuantizerBase {
         cuda::write_scalars(amax_main, amax_other, given, nullptr, 0.0f, device, args.stream);
         a.scale.scale = ref::current_scale(given, o_.dtype, o_.pow2_scales, o_.amax_epsilon);
       } else {
-        // amax pass, then the cast derives the scale from it on the device and mirrors it.
-        cuda::compute_amax(src.data, a.src_dtype, TensorView(src).numel(), amax_main, device,
-                           args.stream);
-        a.scale.device_amax = amax_main;
+        // The entry runs the amax pass, derives the scale on the device and stores the amax.
+        a.scale.tensor_amax = true;
         a.scale.fmax = ref::fp8_max(o_.dtype);
         a.scale.pow2_scales = o_.pow2_scales;
         a.scale.amax_epsilon = o_.amax_epsilon;
-        a.amax_mirror = amax_other;
+        a.amax_out[0] = amax_main;
+        a.amax_out[1] = amax_other;
       }
     } else {
       ensure_state_on(src.device);
@@ -463,11 +462,11 @@ class Float8Quantizer final : public sdk::QuantizerBase {
         cuda::write_scalars(amax_main, amax_other, given, state_.amax_history, given, device,
                             args.stream);
       } else {
-        // The cast observes the tensor amax into both amax buffers and history row 0.
-        cuda::write_scalars(amax_main, amax_other, 0.0f, nullptr, 0.0f, device, args.stream);
-        a.amax_accumulate[0] = amax_main;
-        a.amax_accumulate[1] = amax_other;
-        a.amax_accumulate[2] = state_.amax_history;
+        // The cast observes the tensor amax into both amax buffers (zeroed by the entry) and
+        // history row 0.
+        a.amax_out[0] = amax_main;
+        a.amax_out[1] = amax_other;
+        a.amax_accumulate[0] = state_.amax_history;
       }
     }
     cuda::cast_transpose(a);

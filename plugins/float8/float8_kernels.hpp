@@ -20,6 +20,12 @@ namespace qrecipe::float8::cuda {
 
 // Where the per-tensor scale of a cast comes from (the first that is set wins).
 struct ScaleSource {
+  // Current scaling, amax pass included: cast_transpose first reduces max |x| over src itself
+  // (one read of the input, per-block maxima in stream-ordered scratch memory, no memset),
+  // and the cast derives scale = scale_from_amax(amax, fmax, pow2_scales, amax_epsilon) on
+  // the device; the amax lands in CastTransposeArgs::amax_out. The fastest current-scaling
+  // path: the cast overlaps the end of the amax pass and starts where it ended (in L2).
+  bool tensor_amax = false;
   // Current scaling: a device pointer to the tensor amax; each block computes
   // scale = scale_from_amax(*amax, fmax, pow2_scales, amax_epsilon) on the device, so no host
   // round trip is needed.
@@ -49,6 +55,10 @@ struct CastTransposeArgs {
   // Optional (current scaling with device_amax): receives a copy of *scale.device_amax, for
   // the other direction's amax buffer.
   float* amax_mirror = nullptr;
+  // Optional: each non-null entry receives the tensor amax (max |x|, NaN ignored), overwritten:
+  // with scale.tensor_amax, the amax pass's value; otherwise the amax the cast observes (the
+  // entry zeroes these buffers itself, in a launch the cast overlaps: delayed scaling).
+  float* amax_out[2] = {nullptr, nullptr};
   ScaleSource scale;
   int device_index = 0;
   void* stream = nullptr;
@@ -62,8 +72,9 @@ void compute_amax(const void* src, qr_dtype src_dtype, std::int64_t numel, float
 float compute_amax_to_host(const void* src, qr_dtype src_dtype, std::int64_t numel,
                            int device_index, void* stream);
 
-// Fused cast (+ transpose): reads src once, writes the rowwise and/or the columnwise bytes and
-// the scale_inv of each requested direction. Works for empty tensors (only scalars written).
+// Fused cast (+ transpose): reads src once (twice with scale.tensor_amax: amax pass, then
+// cast), writes the rowwise and/or the columnwise bytes and the scale_inv of each requested
+// direction. Works for empty tensors (only scalars written).
 void cast_transpose(const CastTransposeArgs& args);
 
 // dst[r][c] = decode(data) * (*scale_inv) rounded to dst_dtype (f32, bf16, f16); data is
