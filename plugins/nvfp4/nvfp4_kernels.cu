@@ -4,19 +4,26 @@
 //   1. error checking, device guard, input element traits
 //   2. device helpers: 16-byte run loads, the 64x64 shared-memory tile, the quantization of
 //      one 16-element block, packed E2M1 stores, block max, atomic max of a non-negative float
-//   3. kernels: amax (plain and Hadamard), quantize (both directions per tile), dequantize
+//   3. kernels: amax (plain and Hadamard), quantize (both directions per tile; 1-D warp tiles;
+//      1-D 16-bit sources with round to nearest), dequantize
 //   4. launchers (grid arithmetic, dtype dispatch) and the entries of nvfp4_kernels.hpp
 //
 // Passes of one quantize call (M x K source, DESIGN.md section 7 "nvfp4"):
-//   pass 1, the tensor amax (skipped when the caller passes a reduced amax):
+//   pass 1, the tensor amax (skipped when the caller passes a reduced amax; both amax buffers
+//   are zeroed by one launch first):
 //     - plain: grid-stride 16-byte loads, max |x| into every requested direction's amax
 //       (rowwise and columnwise amax are equal without Hadamard, and under 2d);
 //     - Hadamard with columnwise requested: one block per 64x64 tile computes max |x| and
 //       the max over the transformed BF16 columns from the same read of the tile.
-//   pass 2, 1-D blocks (no 2d, no Hadamard: the common case): quantize_1d_kernel, 32 x 32
-//     warp tiles straight from registers (see above it); the E2M1 rounding to nearest is the
-//     branch-free num::fast::f32_to_e2m1 and the block scale's E4M3 the hardware conversion,
-//     both proven equal to the references over all 2^32 inputs (test_gpu_conversions).
+//   pass 2, 1-D blocks (no 2d, no Hadamard: the common case):
+//     - bf16 / f16 source, round to nearest (the hot path): quantize_16bit_kernel, a
+//       persistent grid over 64 x 128 tiles, counted in instructions per element (see above
+//       it): packed 16-bit amax, table-driven encode factors, the byte-packing E2M1 encoder
+//       num::fast::e2m1_magnitude_byte_below7, staged columnwise stores;
+//     - f32 sources and stochastic rounding: quantize_1d_kernel, 32 x 32 warp tiles straight
+//       from registers (see above it).
+//     The E2M1 encoders and the block scale's hardware E4M3 conversion are proven equal to
+//     the references over all 2^32 inputs (test_gpu_conversions).
 //   pass 2 under 2d or Hadamard, quantize_kernel (the same fast conversions; instantiated per
 //     source dtype and per rounding, so round-to-nearest carries no stochastic-rounding code):
 //     one block of 256 threads per 64x64 tile. The tile is loaded once into shared memory as
@@ -44,6 +51,7 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "hadamard.hpp"
 #include "nvfp4_rules.hpp"
@@ -352,6 +360,11 @@ struct QuantizeParams {
   // quantize_1d_kernel's scale stores: 16 bytes (rowwise) / 4 bytes (columnwise) a data row.
   bool row_scale_vector_ok;  // row_spitch % 16 == 0 and row_scales 16-byte aligned
   bool col_scale_vector_ok;  // col_spitch % 4 == 0 and col_scales 4-byte aligned
+  // quantize_16bit_kernel: its tile count and its vector stores.
+  std::int64_t tiles;
+  bool row_word_ok;    // row_pitch % 4 == 0 and row_data 4-byte aligned
+  bool row_scale8_ok;  // row_spitch % 8 == 0 and row_scales 8-byte aligned
+  bool col_chunk_ok;   // col_pitch % 16 == 0 and col_data 16-byte aligned
 };
 
 template <class In, bool kStochastic>
@@ -444,7 +457,8 @@ __global__ void __launch_bounds__(Tile::kThreads) quantize_kernel(const Quantize
   p.col_scales[col * p.col_spitch + row / kBlock] = scale;
 }
 
-// Quantize, 1-D blocks (no 2d, no Hadamard): the hot path. A warp quantizes 32 x 32 warp
+// Quantize, 1-D blocks (no 2d, no Hadamard), f32 sources and stochastic rounding (16-bit
+// sources with round to nearest: quantize_16bit_kernel below). A warp quantizes 32 x 32 warp
 // tiles in the layout of cuda_sdk.cuh (lane 4 rg + cg: rows 4 rg .. 4 rg + 3, columns
 // 8 cg .. 8 cg + 7, one 16-byte load per row), straight from registers:
 //   rowwise     a 1x16 block is one row of a lane pair (cg 0-1 or 2-3): amax and NaN mark by
@@ -724,6 +738,524 @@ __global__ void __launch_bounds__(Tile1d<In>::kThreads, Tile1d<In>::kMinBlocksPe
   }
 }
 
+// ---------------------------------------------------------------- 16-bit sources, nearest
+
+// Quantize, 1-D blocks, bf16/f16 source, round to nearest: the hot path. The cast pass is
+// bound by instructions, not bytes (the previous warp-tile kernel issued about 52 a source
+// element for both directions), so this kernel is written against that count:
+//   - amax from the packed 16-bit words: |x| is a mask of the sign bits and the max of two
+//     pairs one 16x2 integer max (non-negative floats order as their bits); a NaN shows as a
+//     magnitude above inf, so the NaN test of a lane's 64 elements is one compare;
+//   - block scales: the hardware E4M3 pair conversion of amax * (S_enc * fl32(1/6)), and
+//     enc = min(1 / (float(s) * S_dec), FLT_MAX) read from a per-CTA table of the 128
+//     non-negative E4M3 codes (filled with rules::element_encode_factor itself);
+//   - elements: num::fast::e2m1_magnitude_byte_below7(|x| * enc), 5 operations, valid while
+//     |x| * enc < 7; a warp takes that path only when amax * enc < 7 for every block it holds
+//     (so for every element), else the same path with min(|x| * enc, 6) first. Two codes make
+//     a byte with one shift-add, four bytes a word with PRMTs, and the 8 signs of a word come
+//     from the source words with 4 sign-replicating PRMTs and 2 masks;
+//   - a warp whose elements hold a NaN takes a per-element path (quantize_lane_exact: the
+//     NaN-ignoring amax, the NaN mark on the scale, num::fast::f32_to_e2m1).
+// Layout: a CTA of 4 warps loops over 64 x 128 tiles (a persistent grid of resident CTAs),
+// taking them from the END of the tensor (the amax pass reads it from the start, so the first
+// tiles are still in L2), and asks L2 for its next tile (bulk prefetch) before it encodes the
+// current one. Warp w holds tile rows 16w .. 16w + 15; lane
+// (cg = lane % 16, rh = lane / 16) holds rows 8 rh .. 8 rh + 7 of those and columns
+// 8 cg .. 8 cg + 7 (one 16-byte load a row):
+//   rowwise     a 1x16 block is one row of the lanes cg and cg ^ 1: its amax is one shuffle;
+//               the even lane works out the scales of rows 0-3, the odd lane of rows 4-7, and
+//               they swap encode factors; a row's 8 codes are one 4-byte store (a warp
+//               stores two rows x 64 bytes at a time)
+//   columnwise  a 16x1 block is one column of the lanes rh = 0, 1 (lane ^ 16), split the same
+//               way (rh = 0: columns 0-3); a lane's 8 codes of a column are a word, staged in
+//               shared memory so that each tile column's 32 bytes go out as two 16-byte stores
+// Scale bytes are staged too: 8 bytes a tile row (rowwise), 4 bytes a tile column.
+
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+// PTX prmt.b32 in its default mode: selector nibble n picks byte n of the result among the 8
+// bytes of {b, a} (a = bytes 0-3); a nibble of 8-15 writes that byte's sign (0x00 or 0xFF)
+// instead. __byte_perm has no sign mode.
+__device__ __forceinline__ std::uint32_t prmt(std::uint32_t a, std::uint32_t b,
+                                              std::uint32_t selector) {
+  std::uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
+  return d;
+}
+
+// What the kernel needs of a 16-bit source type.
+template <class In>
+struct Packed16 {
+  static_assert(sizeof(typename In::Storage) == 2, "two elements a 32-bit word");
+  // Bits of +inf: a magnitude above them is a NaN.
+  static constexpr std::uint32_t kInfBits = std::is_same_v<In, BF16In> ? 0x7F80u : 0x7C00u;
+  // The two elements of a word (element 0 in the low half) as FP32, exactly.
+  static __device__ __forceinline__ void to_f32(std::uint32_t word, float& lo, float& hi) {
+    if constexpr (std::is_same_v<In, BF16In>) num::fast::bf16x2_to_f32x2(word, lo, hi);
+    else num::fast::f16x2_to_f32x2(word, lo, hi);
+  }
+};
+
+struct Tile16 {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;          // 128
+  static constexpr int kLaneRows = 8;                   // a lane: 8 rows x 8 columns
+  static constexpr int kRows = 2 * kLaneRows * kWarps;  // 64
+  static constexpr int kCols = 16 * 8;                  // 128: 16 column groups of 8
+  static constexpr int kRowBlocks = kCols / kBlock;     // 8 scale bytes a tile row
+  static constexpr int kColBlocks = kRows / kBlock;     // 4 scale bytes a tile column
+  static constexpr int kColWords = kRows / 8;           // 8 words (32 bytes) of codes a column
+  static constexpr int kCodes = 128;                    // E4M3 codes of non-negative scales
+  static_assert(kThreads == kCodes, "one entry of each encode-factor table per thread");
+  static_assert(kThreads == kCols && kThreads >= kRows, "one staged column / row per thread");
+  static_assert(kBlock == 2 * kLaneRows && kBlock == 2 * 8, "a block is two lanes");
+};
+
+// Word k (rows 8k .. 8k + 7) of tile column c in the staged column codes. The writers of one
+// store are the 32 lanes of a warp with the same column j of their group: c = 8 cg + j and
+// k = 2 w + rh. XOR-ing k with cg's low 3 bits and c's low 2 bits with (cg bit 0, cg bit 3)
+// gives them 32 different banks (bank = 8 (c' mod 4) + k').
+__device__ __forceinline__ int col_code_slot(int c, int k) {
+  const int cg = c >> 3;
+  const int c_swizzled = c ^ (((cg >> 3) & 1) | ((cg & 1) << 1));
+  return c_swizzled * Tile16::kColWords + (k ^ (cg & 7));
+}
+
+struct Tile16Origin {
+  std::int64_t row0, col0;
+};
+
+// Tile `tile` of the loop counts from the end of the tensor (see above).
+__device__ __forceinline__ Tile16Origin tile16_origin(const QuantizeParams& p, std::int64_t tile) {
+  const std::int64_t t = p.tiles - 1 - tile;
+  return {(t / p.tiles_per_row) * Tile16::kRows, (t % p.tiles_per_row) * Tile16::kCols};
+}
+
+// The lane's 8 rows x 8 columns starting at (row, col); outside the tensor reads as +0.
+template <class In>
+__device__ __forceinline__ void load_lane_rows(const QuantizeParams& p, std::int64_t row,
+                                               std::int64_t col,
+                                               sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows]) {
+  const auto* src = static_cast<const typename In::Storage*>(p.src);
+  const int valid_cols = valid_in_run(col, p.cols, 8);
+#pragma unroll
+  for (int i = 0; i < Tile16::kLaneRows; ++i) {
+    const int valid = row + i < p.rows ? valid_cols : 0;
+    sdk::cuda::load_raw8<In>(src, (row + i) * p.cols + col, valid,
+                             p.src_aligned && valid == 8, raw[i]);
+  }
+}
+
+// Brings tile row r (of the tile at `origin`) into L2 with one bulk prefetch (sm_90; a hint:
+// no completion to wait for, no registers). Needs the 16-byte aligned rows of p.src_aligned;
+// a partial row is prefetched up to its last whole 16 bytes.
+template <class In>
+__device__ __forceinline__ void prefetch_tile_row(const QuantizeParams& p, Tile16Origin origin,
+                                                  int r) {
+  const std::int64_t row = origin.row0 + r;
+  if (!p.src_aligned || row >= p.rows) return;
+  const int bytes = (valid_in_run(origin.col0, p.cols, Tile16::kCols) * 2) & ~15;
+  if (bytes == 0) return;
+  const auto* src = static_cast<const typename In::Storage*>(p.src) + row * p.cols + origin.col0;
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+
+// Where a lane is (the tile-independent part is set once).
+struct Lane16 {
+  int lane, warp, cg, rh;
+  std::int64_t row, col;  // its first row and column in the tensor
+  int valid_cols;         // of its 8 columns, inside the tensor
+};
+
+// One row's 8 codes (4 bytes) of the rowwise data.
+__device__ __forceinline__ void store_row_codes(const QuantizeParams& p, const Lane16& L, int i,
+                                                std::uint32_t word) {
+  const std::int64_t r = L.row + i;
+  if (r >= p.rows || L.valid_cols == 0) return;
+  const int bytes = (L.valid_cols + 1) / 2;
+  sdk::cuda::store_bytes4(p.row_data, r * p.row_pitch + L.col / 2, bytes,
+                          p.row_word_ok && bytes == 4, word);
+}
+
+// The magnitude code of |x| * enc in the low byte (see e2m1_magnitude_byte_below7).
+template <bool kSaturate>
+__device__ __forceinline__ std::uint32_t magnitude_byte(float x, float enc) {
+  float v = fabsf(x) * enc;  // == |x * enc|: enc is positive and finite
+  if constexpr (kSaturate) v = fminf(v, 6.0f);
+  return num::fast::e2m1_magnitude_byte_below7(v);
+}
+
+// Byte j (1, 2 or 3; a compile-time constant after unrolling) of `word` replaced by the low
+// byte of `byte`.
+__device__ __forceinline__ std::uint32_t insert_byte(std::uint32_t word, std::uint32_t byte,
+                                                     int j) {
+  return prmt(word, byte, j == 1 ? 0x3240u : (j == 2 ? 0x3410u : 0x4210u));
+}
+
+// Packed E2M1 of the 8 elements of a run (4 words w, elements 2j / 2j + 1 in word j's low /
+// high half, decoded in lo[j] / hi[j]) times enc: element 2j in the low nibble of byte j, signs
+// included (x's sign is the sign of x * enc, -0 included).
+template <bool kSaturate>
+__device__ __forceinline__ std::uint32_t encode_run8(const std::uint32_t (&w)[4],
+                                                     const float (&lo)[4], const float (&hi)[4],
+                                                     float enc) {
+  std::uint32_t pairs[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    pairs[j] = (magnitude_byte<kSaturate>(hi[j], enc) << 4) + magnitude_byte<kSaturate>(lo[j], enc);
+  const std::uint32_t magnitudes =
+      prmt(prmt(pairs[0], pairs[1], 0x0040u), prmt(pairs[2], pairs[3], 0x0040u), 0x5410u);
+  const std::uint32_t signs03 = prmt(w[0], w[1], 0xFDB9u);  // sign bytes of elements 0..3
+  const std::uint32_t signs47 = prmt(w[2], w[3], 0xFDB9u);  // 4..7
+  return magnitudes | (prmt(signs03, signs47, 0x6420u) & 0x08080808u) |  // even: bit 3
+         (prmt(signs03, signs47, 0x7531u) & 0x80808080u);                 // odd: bit 7
+}
+
+// The sign bits of the lane's columns 2m (lo) and 2m + 1 (hi) over its 8 rows, as they sit in
+// packed column codes (row 2j in bit 3 of byte j, row 2j + 1 in bit 7).
+template <class In>
+__device__ __forceinline__ void column_signs(const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows],
+                                             int m, std::uint32_t& lo, std::uint32_t& hi) {
+  // [sign(a.lo), sign(b.lo), sign(a.hi), sign(b.hi)] of two rows' words a, b.
+  constexpr std::uint32_t kTwoRows = 0xFBD9u;
+  const std::uint32_t e04 = prmt(raw[0].w[m], raw[2].w[m], kTwoRows);
+  const std::uint32_t e48 = prmt(raw[4].w[m], raw[6].w[m], kTwoRows);
+  const std::uint32_t o04 = prmt(raw[1].w[m], raw[3].w[m], kTwoRows);
+  const std::uint32_t o48 = prmt(raw[5].w[m], raw[7].w[m], kTwoRows);
+  lo = (prmt(e04, e48, 0x5410u) & 0x08080808u) | (prmt(o04, o48, 0x5410u) & 0x80808080u);
+  hi = (prmt(e04, e48, 0x7632u) & 0x08080808u) | (prmt(o04, o48, 0x7632u) & 0x80808080u);
+}
+
+// Encodes the lane's 64 elements when no NaN is among them: row codes stored, column code
+// words returned in col_words (column k: row i in nibble i).
+template <class In, bool kRow, bool kCol, bool kSaturate>
+__device__ __forceinline__ void encode_lane_fast(
+    const QuantizeParams& p, const Lane16& L, const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows],
+    const float (&row_enc)[Tile16::kLaneRows], const float (&col_enc)[8],
+    std::uint32_t (&col_words)[8]) {
+  std::uint32_t even_row[8];  // magnitude bytes of the last even row, per column
+#pragma unroll
+  for (int i = 0; i < Tile16::kLaneRows; ++i) {
+    float lo[4], hi[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) Packed16<In>::to_f32(raw[i].w[m], lo[m], hi[m]);
+    if constexpr (kRow)
+      store_row_codes(p, L, i, encode_run8<kSaturate>(raw[i].w, lo, hi, row_enc[i]));
+    if constexpr (kCol) {
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const std::uint32_t t_lo = magnitude_byte<kSaturate>(lo[m], col_enc[2 * m]);
+        const std::uint32_t t_hi = magnitude_byte<kSaturate>(hi[m], col_enc[2 * m + 1]);
+        if (i % 2 == 0) {
+          even_row[2 * m] = t_lo;
+          even_row[2 * m + 1] = t_hi;
+        } else {
+          const std::uint32_t pair_lo = (t_lo << 4) + even_row[2 * m];
+          const std::uint32_t pair_hi = (t_hi << 4) + even_row[2 * m + 1];
+          if (i == 1) {
+            col_words[2 * m] = pair_lo;
+            col_words[2 * m + 1] = pair_hi;
+          } else {
+            col_words[2 * m] = insert_byte(col_words[2 * m], pair_lo, i / 2);
+            col_words[2 * m + 1] = insert_byte(col_words[2 * m + 1], pair_hi, i / 2);
+          }
+        }
+      }
+    }
+  }
+  if constexpr (kCol) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      std::uint32_t lo, hi;
+      column_signs<In>(raw, m, lo, hi);
+      col_words[2 * m] |= lo;
+      col_words[2 * m + 1] |= hi;
+    }
+  }
+}
+
+// The 2 block scales whose amaxes are the halves of `amax_pair` (16-bit magnitudes, no NaN):
+// E4M3 codes in bits 0-7 / 8-15, encode factors from `table`, max(amax * enc) into `reach`.
+template <class In>
+__device__ __forceinline__ std::uint32_t scale_pair(std::uint32_t amax_pair, float s6,
+                                                    const float* table, float& enc_lo,
+                                                    float& enc_hi, float& reach) {
+  float lo, hi;
+  Packed16<In>::to_f32(amax_pair, lo, hi);
+  // == rules::block_scale_code: non-NaN inputs, where the raw conversion is the reference's
+  const std::uint32_t codes = num::fast::hardware_e4m3x2(lo * s6, hi * s6);
+  enc_lo = table[codes & 0xFFu];
+  enc_hi = table[codes >> 8];
+  reach = fmaxf(reach, fmaxf(lo * enc_lo, hi * enc_hi));
+  return codes;
+}
+
+// The CTA's shared memory: encode-factor tables and the staged tile outputs.
+struct Stage16 {
+  const float* row_table;  // rowwise enc by E4M3 code
+  const float* col_table;
+  std::uint32_t* col_codes;                        // [kCols * kColWords], col_code_slot
+  std::uint8_t (*row_scales)[Tile16::kRowBlocks];  // [kRows]
+  std::uint8_t (*col_scales)[Tile16::kColBlocks];  // [kCols]
+};
+
+// Stages what a lane leaves for the CTA's stores: its column code words (column k: row i in
+// nibble i) and its own scale codes (byte q: row 4 (cg & 1) + q / column 4 rh + q).
+template <bool kRow, bool kCol>
+__device__ __forceinline__ void stage_lane(const Lane16& L, const Stage16& s,
+                                           const std::uint32_t (&col_words)[8],
+                                           std::uint32_t own_row_codes,
+                                           std::uint32_t own_col_codes) {
+  const int lane_row = 16 * L.warp + Tile16::kLaneRows * L.rh, lane_col = 8 * L.cg;
+  if constexpr (kRow) {
+    const int r = lane_row + 4 * (L.cg & 1);
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      s.row_scales[r + q][L.cg / 2] = static_cast<std::uint8_t>(own_row_codes >> (8 * q));
+  }
+  if constexpr (kCol) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      s.col_codes[col_code_slot(lane_col + k, 2 * L.warp + L.rh)] = col_words[k];
+    const int c = lane_col + 4 * L.rh;
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      s.col_scales[c + q][L.warp] = static_cast<std::uint8_t>(own_col_codes >> (8 * q));
+  }
+}
+
+// The per-element path of a warp with a NaN among its elements: the reference's rules one
+// element at a time (rules::block_scale_code through the hardware E4M3, the NaN mark, enc from
+// the table, num::fast::f32_to_e2m1 == rules::round_nearest).
+// Not inlined (it is rare, and its registers would count for the whole kernel): it reloads the
+// lane's elements (L1 / L2 hits) and stages its results itself.
+template <class In, bool kRow, bool kCol>
+__device__ __noinline__ void quantize_lane_exact(const QuantizeParams& p, const Lane16 L,
+                                                 float row_s6, float col_s6, const Stage16 s) {
+  sdk::cuda::Raw8<In> raw[Tile16::kLaneRows];
+  load_lane_rows<In>(p, L.row, L.col, raw);
+  const float* row_table = s.row_table;
+  const float* col_table = s.col_table;
+  std::uint32_t col_words[8] = {}, own_row_codes = 0, own_col_codes = 0;
+  if constexpr (kRow) {
+#pragma unroll
+    for (int i = 0; i < Tile16::kLaneRows; ++i) {
+      float x[8];
+      sdk::cuda::decode_raw8<In>(raw[i], x);
+      float amax = 0.0f;
+      bool nan = false;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        amax = fmaxf(amax, num::abs_f(x[k]));  // NaN ignored
+        nan |= x[k] != x[k];
+      }
+      amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
+      nan |= __shfl_xor_sync(kFullMask, static_cast<int>(nan), 1) != 0;
+      const std::uint8_t code = num::fast::f32_to_e4m3(amax * row_s6);
+      const float enc = row_table[code];
+      std::uint32_t word = 0;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) word |= num::fast::f32_to_e2m1(x[k] * enc) << (4 * k);
+      store_row_codes(p, L, i, word);
+      if ((i >> 2) == (L.cg & 1))
+        own_row_codes |= static_cast<std::uint32_t>(nan ? rules::kNanScaleCode : code)
+                         << (8 * (i & 3));
+    }
+  }
+  if constexpr (kCol) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      float x[Tile16::kLaneRows];
+      float amax = 0.0f;
+      bool nan = false;
+#pragma unroll
+      for (int i = 0; i < Tile16::kLaneRows; ++i) {
+        float lo, hi;
+        Packed16<In>::to_f32(raw[i].w[k / 2], lo, hi);
+        x[i] = k % 2 ? hi : lo;
+        amax = fmaxf(amax, num::abs_f(x[i]));
+        nan |= x[i] != x[i];
+      }
+      amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 16));
+      nan |= __shfl_xor_sync(kFullMask, static_cast<int>(nan), 16) != 0;
+      const std::uint8_t code = num::fast::f32_to_e4m3(amax * col_s6);
+      const float enc = col_table[code];
+      std::uint32_t word = 0;
+#pragma unroll
+      for (int i = 0; i < Tile16::kLaneRows; ++i)
+        word |= num::fast::f32_to_e2m1(x[i] * enc) << (4 * i);
+      col_words[k] = word;
+      if ((k >> 2) == L.rh)
+        own_col_codes |= static_cast<std::uint32_t>(nan ? rules::kNanScaleCode : code)
+                         << (8 * (k & 3));
+    }
+  }
+  stage_lane<kRow, kCol>(L, s, col_words, own_row_codes, own_col_codes);
+}
+
+// The lane's part of one tile: row codes stored, column codes and scale bytes staged.
+template <class In, bool kRow, bool kCol>
+__device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lane16& L,
+                                              const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows],
+                                              float row_s6, float col_s6, const Stage16& s) {
+  const float* row_table = s.row_table;
+  const float* col_table = s.col_table;
+  std::uint32_t col_words[8] = {}, own_row_codes = 0, own_col_codes = 0;
+  constexpr int R = Tile16::kLaneRows;
+  constexpr std::uint32_t kAbs = 0x7FFF7FFFu;
+  // Maxima of |x| as packed 16-bit magnitudes: per row (even / odd columns) and per column pair.
+  std::uint32_t row_max[R], col_max[4];
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const std::uint32_t a0 = raw[i].w[0] & kAbs, a1 = raw[i].w[1] & kAbs;
+    const std::uint32_t a2 = raw[i].w[2] & kAbs, a3 = raw[i].w[3] & kAbs;
+    if constexpr (kRow) row_max[i] = __vmaxu2(__vmaxu2(a0, a1), __vmaxu2(a2, a3));
+    if constexpr (kCol) {
+      col_max[0] = i == 0 ? a0 : __vmaxu2(col_max[0], a0);
+      col_max[1] = i == 0 ? a1 : __vmaxu2(col_max[1], a1);
+      col_max[2] = i == 0 ? a2 : __vmaxu2(col_max[2], a2);
+      col_max[3] = i == 0 ? a3 : __vmaxu2(col_max[3], a3);
+    }
+  }
+  std::uint32_t lane_max;
+  if constexpr (kCol) {
+    lane_max = __vmaxu2(__vmaxu2(col_max[0], col_max[1]), __vmaxu2(col_max[2], col_max[3]));
+  } else {
+    lane_max = row_max[0];
+#pragma unroll
+    for (int i = 1; i < R; ++i) lane_max = __vmaxu2(lane_max, row_max[i]);
+  }
+  const bool lane_nan = max(lane_max & 0xFFFFu, lane_max >> 16) > Packed16<In>::kInfBits;
+  if (__any_sync(kFullMask, lane_nan)) {
+    quantize_lane_exact<In, kRow, kCol>(p, L, row_s6, col_s6, s);
+    return;
+  }
+
+  float reach = 0.0f;  // max of block amax * enc over the lane's blocks
+  float row_enc[R], col_enc[8];
+  if constexpr (kRow) {
+    // Rows (2j, 2j + 1) of the lane pair: [max row 2j, max row 2j + 1].
+    std::uint32_t pair_max[R / 2];
+#pragma unroll
+    for (int j = 0; j < R / 2; ++j) {
+      pair_max[j] = __vmaxu2(prmt(row_max[2 * j], row_max[2 * j + 1], 0x5410u),
+                             prmt(row_max[2 * j], row_max[2 * j + 1], 0x7632u));
+      pair_max[j] = __vmaxu2(pair_max[j], __shfl_xor_sync(kFullMask, pair_max[j], 1));
+    }
+    const bool odd = L.cg & 1;  // owns rows 4-7
+    float own[4];
+    const std::uint32_t codes01 =
+        scale_pair<In>(odd ? pair_max[2] : pair_max[0], row_s6, row_table, own[0], own[1], reach);
+    const std::uint32_t codes23 =
+        scale_pair<In>(odd ? pair_max[3] : pair_max[1], row_s6, row_table, own[2], own[3], reach);
+    own_row_codes = codes01 | (codes23 << 16);
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      row_enc[i] = __shfl_sync(kFullMask, own[i & 3], (L.lane & ~1) | (i >> 2));
+  }
+  if constexpr (kCol) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+      col_max[m] = __vmaxu2(col_max[m], __shfl_xor_sync(kFullMask, col_max[m], 16));
+    float own[4];
+    const std::uint32_t codes01 =
+        scale_pair<In>(L.rh ? col_max[2] : col_max[0], col_s6, col_table, own[0], own[1], reach);
+    const std::uint32_t codes23 =
+        scale_pair<In>(L.rh ? col_max[3] : col_max[1], col_s6, col_table, own[2], own[3], reach);
+    own_col_codes = codes01 | (codes23 << 16);
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      col_enc[k] = __shfl_sync(kFullMask, own[k & 3], (L.lane & 15) | ((k >> 2) << 4));
+  }
+  if (__any_sync(kFullMask, !(reach < 7.0f)))
+    encode_lane_fast<In, kRow, kCol, true>(p, L, raw, row_enc, col_enc, col_words);
+  else
+    encode_lane_fast<In, kRow, kCol, false>(p, L, raw, row_enc, col_enc, col_words);
+  stage_lane<kRow, kCol>(L, s, col_words, own_row_codes, own_col_codes);
+}
+
+// 4 CTAs an SM: at most 128 registers (the both-directions kernel needs about that many).
+template <class In, bool kRow, bool kCol>
+__global__ void __launch_bounds__(Tile16::kThreads, 4)
+    quantize_16bit_kernel(const __grid_constant__ QuantizeParams p) {
+  using T = Tile16;
+  constexpr int R = T::kLaneRows;
+  __shared__ float row_table[T::kCodes], col_table[T::kCodes];
+  __shared__ std::uint32_t col_codes[kCol ? T::kCols * T::kColWords : 1];
+  __shared__ alignas(8) std::uint8_t row_scale_tile[T::kRows][T::kRowBlocks];
+  __shared__ alignas(4) std::uint8_t col_scale_tile[T::kCols][T::kColBlocks];
+
+  const int tid = static_cast<int>(threadIdx.x);
+  Lane16 L{};
+  L.lane = tid % 32;
+  L.warp = tid / 32;
+  L.cg = L.lane % 16;
+  L.rh = L.lane / 16;
+  const int lane_row = 16 * L.warp + R * L.rh, lane_col = 8 * L.cg;  // in the tile
+
+  // The direction scales and the encode-factor tables (entry = E4M3 code).
+  float row_s6 = 0.0f, col_s6 = 0.0f;
+  if constexpr (kRow) {
+    const float s_enc = rules::encode_scale(*p.row_amax);
+    row_s6 = s_enc * rules::kOneSixth;
+    row_table[tid] = rules::element_encode_factor(static_cast<std::uint8_t>(tid), 1.0f / s_enc);
+  }
+  if constexpr (kCol) {
+    const float s_enc = rules::encode_scale(*p.col_amax);
+    col_s6 = s_enc * rules::kOneSixth;
+    col_table[tid] = rules::element_encode_factor(static_cast<std::uint8_t>(tid), 1.0f / s_enc);
+  }
+  __syncthreads();
+  const Stage16 stage{row_table, col_table, col_codes, row_scale_tile, col_scale_tile};
+
+  // The grid never exceeds the tile count. Each CTA asks L2 for its next tile (bulk prefetch,
+  // no registers) before it works on the current one, whose loads then mostly hit L2.
+  for (std::int64_t tile = blockIdx.x;; tile += gridDim.x) {
+    const std::int64_t next_tile = tile + gridDim.x;
+    const bool has_next = next_tile < p.tiles;
+    if (has_next && tid < T::kRows) prefetch_tile_row<In>(p, tile16_origin(p, next_tile), tid);
+    const Tile16Origin t = tile16_origin(p, tile);
+    L.row = t.row0 + lane_row;
+    L.col = t.col0 + lane_col;
+    L.valid_cols = valid_in_run(L.col, p.cols, 8);
+    sdk::cuda::Raw8<In> raw[R];
+    load_lane_rows<In>(p, L.row, L.col, raw);
+    quantize_lane<In, kRow, kCol>(p, L, raw, row_s6, col_s6, stage);
+    __syncthreads();
+    const std::int64_t row0 = t.row0, col0 = t.col0;
+    const int valid_rows = valid_in_run(row0, p.rows, T::kRows);
+    const int valid_cols = valid_in_run(col0, p.cols, T::kCols);
+    if (kCol && tid < valid_cols) {  // thread = tile column
+      const std::int64_t c = col0 + tid;
+      std::uint32_t w[T::kColWords];
+#pragma unroll
+      for (int k = 0; k < T::kColWords; ++k) w[k] = col_codes[col_code_slot(tid, k)];
+      std::uint8_t* dst = p.col_data + c * p.col_pitch + row0 / 2;
+      if (p.col_chunk_ok && valid_rows == T::kRows) {
+        reinterpret_cast<uint4*>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        reinterpret_cast<uint4*>(dst)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+      } else {
+        const int bytes = (valid_rows + 1) / 2;
+#pragma unroll
+        for (int b = 0; b < 4 * T::kColWords; ++b)
+          if (b < bytes) dst[b] = static_cast<std::uint8_t>(w[b / 4] >> (8 * (b % 4)));
+      }
+      const int blocks = (valid_rows + kBlock - 1) / kBlock;
+      sdk::cuda::store_bytes4(p.col_scales, c * p.col_spitch + row0 / kBlock, blocks,
+                              p.col_scale_vector_ok && blocks == T::kColBlocks,
+                              *reinterpret_cast<const std::uint32_t*>(col_scale_tile[tid]));
+    }
+    if (kRow && tid < valid_rows) {  // thread = tile row
+      const int blocks = (valid_cols + kBlock - 1) / kBlock;
+      const uint2 v = *reinterpret_cast<const uint2*>(row_scale_tile[tid]);
+      sdk::cuda::store_bytes8(p.row_scales, (row0 + tid) * p.row_spitch + col0 / kBlock,
+                              blocks, p.row_scale8_ok && blocks == T::kRowBlocks, v.x, v.y);
+    }
+    if (!has_next) break;
+    __syncthreads();  // the staging buffers are rewritten by the next tile
+  }
+}
+
 // Dequantize: one logical output element per thread (grid-stride), so the writes are
 // coalesced; the columnwise data is read transposed (a gather). Not a hot path.
 constexpr int kDequantizeThreads = 256;
@@ -844,10 +1376,6 @@ void hadamard_amax(const void* src, qr_dtype dtype, std::int64_t rows, std::int6
   QR_CUDA_CHECK_LAUNCH("hadamard_amax_kernel");
 }
 
-void zero_amax(float* amax, cudaStream_t stream) {
-  if (amax) QR_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
-}
-
 template <class In>
 void launch_quantize(const QuantizeParams& p, bool stochastic, unsigned blocks,
                      cudaStream_t stream) {
@@ -858,8 +1386,8 @@ void launch_quantize(const QuantizeParams& p, bool stochastic, unsigned blocks,
   QR_CUDA_CHECK_LAUNCH("quantize_kernel");
 }
 
-template <class In>
-void launch_quantize_1d(QuantizeParams p, bool stochastic, cudaStream_t stream) {
+template <class In, bool kStochastic>
+void launch_quantize_1d(QuantizeParams p, cudaStream_t stream) {
   using T = Tile1d<In>;
   p.tiles_per_row = ceil_div(p.cols, T::kCols);
   const std::int64_t tiles = ceil_div(p.rows, T::kRows) * p.tiles_per_row;
@@ -867,11 +1395,35 @@ void launch_quantize_1d(QuantizeParams p, bool stochastic, cudaStream_t stream) 
            " needs ", tiles, " tiles of ", T::kRows, "x", T::kCols, "; expected 1..", INT_MAX,
            " (split the tensor)");
   const auto blocks = static_cast<unsigned>(tiles);
-  if (stochastic)
-    quantize_1d_kernel<In, true><<<blocks, T::kThreads, 0, stream>>>(p);
-  else
-    quantize_1d_kernel<In, false><<<blocks, T::kThreads, 0, stream>>>(p);
+  quantize_1d_kernel<In, kStochastic><<<blocks, T::kThreads, 0, stream>>>(p);
   QR_CUDA_CHECK_LAUNCH("quantize_1d_kernel");
+}
+
+template <class In, bool kRow, bool kCol>
+void launch_quantize_16bit_dirs(QuantizeParams p, cudaStream_t stream) {
+  using T = Tile16;
+  p.tiles_per_row = ceil_div(p.cols, T::kCols);
+  p.tiles = ceil_div(p.rows, T::kRows) * p.tiles_per_row;
+  // A persistent grid: the CTAs resident at once (each loops over tiles).
+  static const int blocks_per_sm = [] {
+    int n = 0;
+    QR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &n, quantize_16bit_kernel<In, kRow, kCol>, T::kThreads, 0));
+    return n < 1 ? 1 : n;
+  }();
+  const std::int64_t resident = static_cast<std::int64_t>(sm_count()) * blocks_per_sm;
+  const std::int64_t blocks = p.tiles < resident ? p.tiles : resident;
+  quantize_16bit_kernel<In, kRow, kCol>
+      <<<static_cast<unsigned>(blocks), T::kThreads, 0, stream>>>(p);
+  QR_CUDA_CHECK_LAUNCH("quantize_16bit_kernel");
+}
+
+template <class In>
+void launch_quantize_16bit(const QuantizeParams& p, cudaStream_t stream) {
+  const bool row = p.row_data != nullptr, col = p.col_data != nullptr;
+  if (row && col) launch_quantize_16bit_dirs<In, true, true>(p, stream);
+  else if (row) launch_quantize_16bit_dirs<In, true, false>(p, stream);
+  else launch_quantize_16bit_dirs<In, false, true>(p, stream);
 }
 
 }  // namespace
@@ -939,8 +1491,9 @@ void quantize(const QuantizeArgs& a) {
     fill_amax_kernel<<<1, 1, 0, s>>>(row_amax, a.given_amax[0], col_amax, col_value);
     QR_CUDA_CHECK_LAUNCH("fill_amax_kernel");
   } else {
-    zero_amax(row_amax, s);
-    zero_amax(col_amax, s);
+    // Both amax buffers zeroed by one launch (the atomic maxima start from +0).
+    fill_amax_kernel<<<1, 1, 0, s>>>(row_amax, 0.0f, col_amax, 0.0f);
+    QR_CUDA_CHECK_LAUNCH("fill_amax_kernel");
     if (numel > 0) {
       if (a.hadamard && col_amax)
         hadamard_amax(a.src, a.src_dtype, a.rows, a.cols, row_amax, col_amax, s);
@@ -978,11 +1531,20 @@ void quantize(const QuantizeArgs& a) {
   }
   p.row_scale_vector_ok = p.row_spitch % 16 == 0 && is_aligned(p.row_scales, 16);
   p.col_scale_vector_ok = p.col_spitch % 4 == 0 && is_aligned(p.col_scales, 4);
-  if (!a.two_d && !a.hadamard) {  // the 1-D path: warp tiles, no shared-memory tile
-    switch (a.src_dtype) {
-      case QR_DTYPE_F32: launch_quantize_1d<F32In>(p, a.stochastic_rounding, s); break;
-      case QR_DTYPE_BF16: launch_quantize_1d<BF16In>(p, a.stochastic_rounding, s); break;
-      default: launch_quantize_1d<F16In>(p, a.stochastic_rounding, s); break;
+  p.row_word_ok = p.row_pitch % 4 == 0 && is_aligned(p.row_data, 4);
+  p.row_scale8_ok = p.row_spitch % 8 == 0 && is_aligned(p.row_scales, 8);
+  p.col_chunk_ok = p.col_pitch % 16 == 0 && is_aligned(p.col_data, 16);
+  if (!a.two_d && !a.hadamard) {  // the 1-D paths
+    if (a.src_dtype == QR_DTYPE_F32) {
+      if (a.stochastic_rounding) launch_quantize_1d<F32In, true>(p, s);
+      else launch_quantize_1d<F32In, false>(p, s);
+    } else if (a.stochastic_rounding) {  // the random words dominate; warp tiles
+      if (a.src_dtype == QR_DTYPE_BF16) launch_quantize_1d<BF16In, true>(p, s);
+      else launch_quantize_1d<F16In, true>(p, s);
+    } else if (a.src_dtype == QR_DTYPE_BF16) {
+      launch_quantize_16bit<BF16In>(p, s);
+    } else {
+      launch_quantize_16bit<F16In>(p, s);
     }
     return;
   }

@@ -35,6 +35,8 @@ struct Counters {
   unsigned long long raw_nan_mismatches;
   unsigned long long raw_other_mismatches;
   unsigned long long nan_payload_differences;
+  unsigned long long below7_mismatches;
+  unsigned long long below7_checked;
   unsigned int recorded;
   unsigned int input[SweepResult::kRecorded];
   unsigned int expected[SweepResult::kRecorded];
@@ -57,7 +59,10 @@ __device__ void record(Counters* c, std::uint32_t input, std::uint32_t expected,
 // Thread-local counts, added to the device counters once per thread.
 struct Local {
   unsigned long long mismatches = 0, raw_nan = 0, raw_other = 0, payload = 0;
+  unsigned long long below7 = 0, below7_checked = 0;
   __device__ void flush(Counters* c) const {
+    if (below7) atomicAdd(&c->below7_mismatches, below7);
+    if (below7_checked) atomicAdd(&c->below7_checked, below7_checked);
     if (mismatches) atomicAdd(&c->mismatches, mismatches);
     if (raw_nan) atomicAdd(&c->raw_nan_mismatches, raw_nan);
     if (raw_other) atomicAdd(&c->raw_other_mismatches, raw_other);
@@ -154,6 +159,12 @@ __global__ void __launch_bounds__(kThreads) e2m1_encode_sweep(Counters* counters
       }
       // The NaN-free variant (kernels route NaN elsewhere): must agree on every non-NaN input.
       if (!num::is_nan(x) && num::fast::f32_to_e2m1_non_nan(x) != ref) ++local.raw_other;
+      // The byte-packing variant (no saturation) on its domain 0 <= x < 7: the low byte (each
+      // lane is a bijection of u, so every pattern of the domain is checked in every lane).
+      if (!(num::float_bits(x) >> 31) && x < 7.0f) {
+        ++local.below7_checked;
+        if ((num::fast::e2m1_magnitude_byte_below7(x) & 0xFFu) != ref) ++local.below7;
+      }
     }
   }
   local.flush(counters);
@@ -232,6 +243,8 @@ SweepResult run_sweep(Sweep s) {
     r.raw_nan_mismatches = host.raw_nan_mismatches;
     r.raw_other_mismatches = host.raw_other_mismatches;
     r.nan_payload_differences = host.nan_payload_differences;
+    r.below7_mismatches = host.below7_mismatches;
+    r.below7_checked = host.below7_checked;
     const bool encode =
         s == Sweep::e4m3_encode || s == Sweep::e5m2_encode || s == Sweep::e2m1_encode;
     r.checked = kWords * (encode ? 4 : 2);

@@ -27,6 +27,10 @@ struct SweepResult {
   // the reference on non-NaN inputs (must be 0).
   std::uint64_t raw_nan_mismatches = 0;
   std::uint64_t raw_other_mismatches = 0;
+  // E2M1 sweep: fast::e2m1_magnitude_byte_below7 against the reference on its domain (sign
+  // bit clear, not NaN, below 7), every such input (must be 0).
+  std::uint64_t below7_mismatches = 0;
+  std::uint64_t below7_checked = 0;
   // F16 decode sweep: NaN inputs whose hardware NaN has other bits than the reference's NaN
   // (allowed by the contract of fast_conversions.cuh; reported).
   std::uint64_t nan_payload_differences = 0;

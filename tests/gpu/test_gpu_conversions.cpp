@@ -81,6 +81,13 @@ TEST_CASE("arithmetic FP32 -> E2M1 (fast::f32_to_e2m1) == f32_to_e2m1, all 2^32 
   CHECK_MESSAGE(r.raw_other_mismatches == 0,
                 "fast::f32_to_e2m1_non_nan differs from f32_to_e2m1 on "
                     << r.raw_other_mismatches << " non-NaN inputs");
+  // Every FP32 pattern in [+0, 7) (1088421888 of them), once in each of the four lanes.
+  MESSAGE("fast::e2m1_magnitude_byte_below7: " << r.below7_checked << " inputs in [+0, 7), "
+                                                << r.below7_mismatches << " mismatches");
+  CHECK(r.below7_checked == 4 * std::uint64_t{1088421888});
+  CHECK_MESSAGE(r.below7_mismatches == 0,
+                "fast::e2m1_magnitude_byte_below7 differs from f32_to_e2m1 on "
+                    << r.below7_mismatches << " inputs in [+0, 7)");
 }
 
 TEST_CASE("packed BF16 decode == bf16_to_f32, all 2^32 packed pairs") {

@@ -131,6 +131,24 @@ __device__ __forceinline__ std::uint32_t f32_to_e2m1_non_nan(float x) {
   return e2m1_magnitude(fabsf(x)) | ((__float_as_uint(x) >> 28) & 0x8u);
 }
 
+// The magnitude code of a for 0 <= a < 7 (sign bit clear, not NaN), in the LOW BYTE of the
+// result (bits 8..31 are not part of the result): == f32_to_e2m1(a) there. For kernels that
+// know no scaled element reaches 7, so no saturation is needed; the code comes out without a
+// mask, ready for byte packing ((t1 << 4) + t0 has the byte of codes t0, t1 in its low byte).
+// The RNE addition of e2m1_magnitude with the binade folded into the magic number:
+//   b     = 2^e, e = max(floor(log2 a), 0) in {0, 1, 2}
+//   magic = 2^(e+22) + 2 ulps      the sum's ulp is 2^(e-1), so a + magic = magic + k ulps with
+//                                  k = RNE(a / 2^(e-1)), ties to even (the sum's mantissa 2 + k
+//                                  is even exactly when k is)
+//   bits(sum) + (bits(b) >> 22)    low byte (2 + k) + (2e + 254) = 2e + k (mod 256)
+// 5 operations against e2m1_magnitude's 7 plus a mask. tests/gpu/test_gpu_conversions.cpp
+// proves it equal to f32_to_e2m1 on every FP32 input of its domain.
+__device__ __forceinline__ std::uint32_t e2m1_magnitude_byte_below7(float a) {
+  const std::uint32_t binade = max(__float_as_uint(a), 0x3F800000u) & 0x7F800000u;
+  const float sum = a + __uint_as_float(binade + ((22u << 23) | 2u));
+  return __float_as_uint(sum) + (binade >> 22);
+}
+
 // ---------------------------------------------------------------- packed input decodes
 
 // Two BF16 values of one little-endian word (element 0 in the low half): == bf16_to_f32 of
