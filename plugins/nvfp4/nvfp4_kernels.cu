@@ -365,6 +365,9 @@ struct QuantizeParams {
   bool row_word_ok;    // row_pitch % 4 == 0 and row_data 4-byte aligned
   bool row_scale8_ok;  // row_spitch % 8 == 0 and row_scales 8-byte aligned
   bool col_chunk_ok;   // col_pitch % 16 == 0 and col_data 16-byte aligned
+  // 1024 (see num::fast::e2m1_magnitude_byte_below7): a kernel parameter, so the compiler
+  // cannot turn the multiply into an ALU shift (the ALU pipe is the busier one).
+  std::uint32_t two_pow_10;
 };
 
 template <class In, bool kStochastic>
@@ -754,12 +757,13 @@ __global__ void __launch_bounds__(Tile1d<In>::kThreads, Tile1d<In>::kMinBlocksPe
 //     (so for every element), else the same path with min(|x| * enc, 6) first. Two codes make
 //     a byte with one shift-add, four bytes a word with PRMTs, and the 8 signs of a word come
 //     from the source words with 4 sign-replicating PRMTs and 2 masks;
-//   - a warp whose elements hold a NaN takes a per-element path (quantize_lane_exact: the
-//     NaN-ignoring amax, the NaN mark on the scale, num::fast::f32_to_e2m1).
+//   - a warp whose elements hold a NaN, or that reaches past the tensor's edge, takes a
+//     per-element path (quantize_lane_exact: the NaN-ignoring amax, the NaN mark on the
+//     scale, num::fast::f32_to_e2m1, partial rows and columns).
 // Layout: a CTA of 4 warps loops over 64 x 128 tiles (a persistent grid of resident CTAs),
 // taking them from the END of the tensor (the amax pass reads it from the start, so the first
-// tiles are still in L2), and asks L2 for its next tile (bulk prefetch) before it encodes the
-// current one. Warp w holds tile rows 16w .. 16w + 15; lane
+// tiles are still in L2), and copies its next tile into shared memory (cp.async, double
+// buffered) before it encodes the current one. Warp w holds tile rows 16w .. 16w + 15; lane
 // (cg = lane % 16, rh = lane / 16) holds rows 8 rh .. 8 rh + 7 of those and columns
 // 8 cg .. 8 cg + 7 (one 16-byte load a row):
 //   rowwise     a 1x16 block is one row of the lanes cg and cg ^ 1: its amax is one shuffle;
@@ -821,15 +825,22 @@ __device__ __forceinline__ int col_code_slot(int c, int k) {
   return c_swizzled * Tile16::kColWords + (k ^ (cg & 7));
 }
 
-struct Tile16Origin {
-  std::int64_t row0, col0;
+// Which tile a CTA works on: the loop's tile index t counts from the END of the tensor (see
+// above), tile (row_tile, col_tile) = t' / tiles_per_row, t' % tiles_per_row of t' = tiles - 1
+// - t. Stepping t by the grid size is a subtraction with a borrow, so the loop divides once.
+struct TileCursor {
+  std::int64_t row_tile, col_tile;
+  __device__ std::int64_t row0() const { return row_tile * Tile16::kRows; }
+  __device__ std::int64_t col0() const { return col_tile * Tile16::kCols; }
+  __device__ void step(std::int64_t step_rows, std::int64_t step_cols, std::int64_t per_row) {
+    row_tile -= step_rows;
+    col_tile -= step_cols;
+    if (col_tile < 0) {
+      col_tile += per_row;
+      row_tile -= 1;
+    }
+  }
 };
-
-// Tile `tile` of the loop counts from the end of the tensor (see above).
-__device__ __forceinline__ Tile16Origin tile16_origin(const QuantizeParams& p, std::int64_t tile) {
-  const std::int64_t t = p.tiles - 1 - tile;
-  return {(t / p.tiles_per_row) * Tile16::kRows, (t % p.tiles_per_row) * Tile16::kCols};
-}
 
 // The lane's 8 rows x 8 columns starting at (row, col); outside the tensor reads as +0.
 template <class In>
@@ -846,18 +857,33 @@ __device__ __forceinline__ void load_lane_rows(const QuantizeParams& p, std::int
   }
 }
 
-// Brings tile row r (of the tile at `origin`) into L2 with one bulk prefetch (sm_90; a hint:
-// no completion to wait for, no registers). Needs the 16-byte aligned rows of p.src_aligned;
-// a partial row is prefetched up to its last whole 16 bytes.
+// The same 8 rows as asynchronous copies into shared memory (cp.async, 16 bytes a row at
+// dst + 16 i; outside the tensor filled with +0), for sources with p.src_aligned (cols % 8 == 0
+// and a 16-byte aligned base: every row's 16 bytes are aligned). The caller commits the group.
 template <class In>
-__device__ __forceinline__ void prefetch_tile_row(const QuantizeParams& p, Tile16Origin origin,
-                                                  int r) {
-  const std::int64_t row = origin.row0 + r;
-  if (!p.src_aligned || row >= p.rows) return;
-  const int bytes = (valid_in_run(origin.col0, p.cols, Tile16::kCols) * 2) & ~15;
-  if (bytes == 0) return;
-  const auto* src = static_cast<const typename In::Storage*>(p.src) + row * p.cols + origin.col0;
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+__device__ __forceinline__ void copy_lane_rows_async(const QuantizeParams& p, std::int64_t row,
+                                                     std::int64_t col, std::uint32_t dst,
+                                                     int dst_pitch) {
+  const auto* src = static_cast<const typename In::Storage*>(p.src);
+  const int row_bytes = 2 * valid_in_run(col, p.cols, 8);
+#pragma unroll
+  for (int i = 0; i < Tile16::kLaneRows; ++i) {
+    const int bytes = row + i < p.rows ? row_bytes : 0;
+    const void* from = bytes > 0 ? src + (row + i) * p.cols + col : p.src;  // 0 bytes read
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + i * dst_pitch),
+                 "l"(from), "r"(bytes)
+                 : "memory");
+  }
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Waits until at most N of this thread's committed copy groups are in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 // Where a lane is (the tile-independent part is set once).
@@ -865,6 +891,11 @@ struct Lane16 {
   int lane, warp, cg, rh;
   std::int64_t row, col;  // its first row and column in the tensor
   int valid_cols;         // of its 8 columns, inside the tensor
+  // Its 8 rows and 8 columns are inside the tensor and (rowwise) whole words can be stored:
+  // row i's codes go to row_out + i * row_pitch. Warps with a lane that is not take the
+  // per-element path, so the fast path has no edge cases.
+  bool interior;
+  std::uint8_t* row_out;
 };
 
 // One row's 8 codes (4 bytes) of the rowwise data.
@@ -879,10 +910,11 @@ __device__ __forceinline__ void store_row_codes(const QuantizeParams& p, const L
 
 // The magnitude code of |x| * enc in the low byte (see e2m1_magnitude_byte_below7).
 template <bool kSaturate>
-__device__ __forceinline__ std::uint32_t magnitude_byte(float x, float enc) {
+__device__ __forceinline__ std::uint32_t magnitude_byte(float x, float enc,
+                                                        std::uint32_t two_pow_10) {
   float v = fabsf(x) * enc;  // == |x * enc|: enc is positive and finite
   if constexpr (kSaturate) v = fminf(v, 6.0f);
-  return num::fast::e2m1_magnitude_byte_below7(v);
+  return num::fast::e2m1_magnitude_byte_below7(v, two_pow_10);
 }
 
 // Byte j (1, 2 or 3; a compile-time constant after unrolling) of `word` replaced by the low
@@ -898,11 +930,12 @@ __device__ __forceinline__ std::uint32_t insert_byte(std::uint32_t word, std::ui
 template <bool kSaturate>
 __device__ __forceinline__ std::uint32_t encode_run8(const std::uint32_t (&w)[4],
                                                      const float (&lo)[4], const float (&hi)[4],
-                                                     float enc) {
+                                                     float enc, std::uint32_t two_pow_10) {
   std::uint32_t pairs[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j)
-    pairs[j] = (magnitude_byte<kSaturate>(hi[j], enc) << 4) + magnitude_byte<kSaturate>(lo[j], enc);
+    pairs[j] = (magnitude_byte<kSaturate>(hi[j], enc, two_pow_10) << 4) +
+               magnitude_byte<kSaturate>(lo[j], enc, two_pow_10);
   const std::uint32_t magnitudes =
       prmt(prmt(pairs[0], pairs[1], 0x0040u), prmt(pairs[2], pairs[3], 0x0040u), 0x5410u);
   const std::uint32_t signs03 = prmt(w[0], w[1], 0xFDB9u);  // sign bytes of elements 0..3
@@ -939,13 +972,16 @@ __device__ __forceinline__ void encode_lane_fast(
     float lo[4], hi[4];
 #pragma unroll
     for (int m = 0; m < 4; ++m) Packed16<In>::to_f32(raw[i].w[m], lo[m], hi[m]);
-    if constexpr (kRow)
-      store_row_codes(p, L, i, encode_run8<kSaturate>(raw[i].w, lo, hi, row_enc[i]));
+    if constexpr (kRow) {
+      *reinterpret_cast<std::uint32_t*>(L.row_out + i * p.row_pitch) =
+          encode_run8<kSaturate>(raw[i].w, lo, hi, row_enc[i], p.two_pow_10);
+    }
     if constexpr (kCol) {
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
-        const std::uint32_t t_lo = magnitude_byte<kSaturate>(lo[m], col_enc[2 * m]);
-        const std::uint32_t t_hi = magnitude_byte<kSaturate>(hi[m], col_enc[2 * m + 1]);
+        const std::uint32_t t_lo = magnitude_byte<kSaturate>(lo[m], col_enc[2 * m], p.two_pow_10);
+        const std::uint32_t t_hi =
+            magnitude_byte<kSaturate>(hi[m], col_enc[2 * m + 1], p.two_pow_10);
         if (i % 2 == 0) {
           even_row[2 * m] = t_lo;
           even_row[2 * m + 1] = t_hi;
@@ -1024,9 +1060,9 @@ __device__ __forceinline__ void stage_lane(const Lane16& L, const Stage16& s,
   }
 }
 
-// The per-element path of a warp with a NaN among its elements: the reference's rules one
-// element at a time (rules::block_scale_code through the hardware E4M3, the NaN mark, enc from
-// the table, num::fast::f32_to_e2m1 == rules::round_nearest).
+// The per-element path of a warp with a NaN among its elements or a lane past the tensor's edge:
+// the reference's rules one element at a time (rules::block_scale_code through the hardware
+// E4M3, the NaN mark, enc from the table, num::fast::f32_to_e2m1 == rules::round_nearest).
 // Not inlined (it is rare, and its registers would count for the whole kernel): it reloads the
 // lane's elements (L1 / L2 hits) and stages its results itself.
 template <class In, bool kRow, bool kCol>
@@ -1126,7 +1162,7 @@ __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lan
     for (int i = 1; i < R; ++i) lane_max = __vmaxu2(lane_max, row_max[i]);
   }
   const bool lane_nan = max(lane_max & 0xFFFFu, lane_max >> 16) > Packed16<In>::kInfBits;
-  if (__any_sync(kFullMask, lane_nan)) {
+  if (__any_sync(kFullMask, lane_nan || !L.interior)) {
     quantize_lane_exact<In, kRow, kCol>(p, L, row_s6, col_s6, s);
     return;
   }
@@ -1184,6 +1220,8 @@ __global__ void __launch_bounds__(Tile16::kThreads, 4)
   __shared__ std::uint32_t col_codes[kCol ? T::kCols * T::kColWords : 1];
   __shared__ alignas(8) std::uint8_t row_scale_tile[T::kRows][T::kRowBlocks];
   __shared__ alignas(4) std::uint8_t col_scale_tile[T::kCols][T::kColBlocks];
+  // Two input tiles (double buffer of the cp.async path), 32 KB.
+  __shared__ alignas(16) std::uint32_t in_tile[2][T::kRows][T::kCols / 2];
 
   const int tid = static_cast<int>(threadIdx.x);
   Lane16 L{};
@@ -1208,21 +1246,59 @@ __global__ void __launch_bounds__(Tile16::kThreads, 4)
   __syncthreads();
   const Stage16 stage{row_table, col_table, col_codes, row_scale_tile, col_scale_tile};
 
-  // The grid never exceeds the tile count. Each CTA asks L2 for its next tile (bulk prefetch,
-  // no registers) before it works on the current one, whose loads then mostly hit L2.
-  for (std::int64_t tile = blockIdx.x;; tile += gridDim.x) {
-    const std::int64_t next_tile = tile + gridDim.x;
-    const bool has_next = next_tile < p.tiles;
-    if (has_next && tid < T::kRows) prefetch_tile_row<In>(p, tile16_origin(p, next_tile), tid);
-    const Tile16Origin t = tile16_origin(p, tile);
-    L.row = t.row0 + lane_row;
-    L.col = t.col0 + lane_col;
+  // The grid never exceeds the tile count. With an aligned source each thread copies its rows
+  // of the NEXT tile into the other input buffer (cp.async) before it encodes the current one,
+  // so the loads of a tile overlap the work on the one before; a thread reads back only what it
+  // copied itself, so cp.async.wait_group orders it (no barrier).
+  const bool async = p.src_aligned;
+  const std::int64_t grid = gridDim.x;
+  const std::int64_t step_rows = grid / p.tiles_per_row, step_cols = grid % p.tiles_per_row;
+  TileCursor t;
+  {
+    const std::int64_t first = p.tiles - 1 - static_cast<std::int64_t>(blockIdx.x);
+    t.row_tile = first / p.tiles_per_row;
+    t.col_tile = first % p.tiles_per_row;
+  }
+  constexpr int kInPitch = 2 * T::kCols;  // bytes of a tile row of a 16-bit source
+  const std::uint32_t in_lane =
+      static_cast<std::uint32_t>(__cvta_generic_to_shared(&in_tile[0][lane_row][lane_col / 2]));
+  constexpr std::uint32_t kInBuffer = sizeof(in_tile[0]);
+  int buffer = 0;
+  if (async) {
+    copy_lane_rows_async<In>(p, t.row0() + lane_row, t.col0() + lane_col, in_lane, kInPitch);
+    cp_async_commit();
+  }
+  for (std::int64_t tile = blockIdx.x;; tile += grid) {
+    const bool has_next = tile + grid < p.tiles;
+    TileCursor next = t;
+    if (has_next) next.step(step_rows, step_cols, p.tiles_per_row);
+    L.row = t.row0() + lane_row;
+    L.col = t.col0() + lane_col;
     L.valid_cols = valid_in_run(L.col, p.cols, 8);
+    L.interior = L.row + R <= p.rows && L.valid_cols == 8 && (!kRow || p.row_word_ok);
+    if constexpr (kRow) L.row_out = p.row_data + L.row * p.row_pitch + L.col / 2;
     sdk::cuda::Raw8<In> raw[R];
-    load_lane_rows<In>(p, L.row, L.col, raw);
+    if (async) {
+      if (has_next)
+        copy_lane_rows_async<In>(p, next.row0() + lane_row, next.col0() + lane_col,
+                                 in_lane + (buffer ^ 1) * kInBuffer, kInPitch);
+      cp_async_commit();  // possibly empty: the wait below then still means "this tile"
+      cp_async_wait<1>();
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        const uint4 v =
+            *reinterpret_cast<const uint4*>(&in_tile[buffer][lane_row + i][lane_col / 2]);
+        raw[i].w[0] = v.x;
+        raw[i].w[1] = v.y;
+        raw[i].w[2] = v.z;
+        raw[i].w[3] = v.w;
+      }
+    } else {
+      load_lane_rows<In>(p, L.row, L.col, raw);
+    }
     quantize_lane<In, kRow, kCol>(p, L, raw, row_s6, col_s6, stage);
     __syncthreads();
-    const std::int64_t row0 = t.row0, col0 = t.col0;
+    const std::int64_t row0 = t.row0(), col0 = t.col0();
     const int valid_rows = valid_in_run(row0, p.rows, T::kRows);
     const int valid_cols = valid_in_run(col0, p.cols, T::kCols);
     if (kCol && tid < valid_cols) {  // thread = tile column
@@ -1253,6 +1329,8 @@ __global__ void __launch_bounds__(Tile16::kThreads, 4)
     }
     if (!has_next) break;
     __syncthreads();  // the staging buffers are rewritten by the next tile
+    t = next;
+    buffer ^= 1;
   }
 }
 
@@ -1404,6 +1482,7 @@ void launch_quantize_16bit_dirs(QuantizeParams p, cudaStream_t stream) {
   using T = Tile16;
   p.tiles_per_row = ceil_div(p.cols, T::kCols);
   p.tiles = ceil_div(p.rows, T::kRows) * p.tiles_per_row;
+  p.two_pow_10 = 1u << 10;
   // A persistent grid: the CTAs resident at once (each loops over tiles).
   static const int blocks_per_sm = [] {
     int n = 0;

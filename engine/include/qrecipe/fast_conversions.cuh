@@ -137,16 +137,21 @@ __device__ __forceinline__ std::uint32_t f32_to_e2m1_non_nan(float x) {
 // mask, ready for byte packing ((t1 << 4) + t0 has the byte of codes t0, t1 in its low byte).
 // The RNE addition of e2m1_magnitude with the binade folded into the magic number:
 //   b     = 2^e, e = max(floor(log2 a), 0) in {0, 1, 2}
-//   magic = 2^(e+22) + 2 ulps      the sum's ulp is 2^(e-1), so a + magic = magic + k ulps with
-//                                  k = RNE(a / 2^(e-1)), ties to even (the sum's mantissa 2 + k
-//                                  is even exactly when k is)
+//   magic = b * (2^22 + 1)         = 2^(e+22) + 2 ulps, exactly; the sum's ulp is 2^(e-1), so
+//                                  a + magic = magic + k ulps with k = RNE(a / 2^(e-1)), ties
+//                                  to even (the sum's mantissa 2 + k is even exactly when k is)
 //   bits(sum) + (bits(b) >> 22)    low byte (2 + k) + (2e + 254) = 2e + k (mod 256)
-// 5 operations against e2m1_magnitude's 7 plus a mask. tests/gpu/test_gpu_conversions.cpp
-// proves it equal to f32_to_e2m1 on every FP32 input of its domain.
-__device__ __forceinline__ std::uint32_t e2m1_magnitude_byte_below7(float a) {
+// Two of its five operations (the magic's multiply, the shift as the high word of a multiply)
+// run on the FMA pipe. `two_pow_10` must be 1024: a kernel that passes it as a run-time value
+// keeps the shift an IMAD.HI (FMA pipe) instead of an ALU shift-add, for ALU-bound kernels.
+// tests/gpu/test_gpu_conversions.cpp proves it equal to f32_to_e2m1 on every FP32 input of its
+// domain.
+__device__ __forceinline__ std::uint32_t e2m1_magnitude_byte_below7(
+    float a, std::uint32_t two_pow_10 = 1u << 10) {
   const std::uint32_t binade = max(__float_as_uint(a), 0x3F800000u) & 0x7F800000u;
-  const float sum = a + __uint_as_float(binade + ((22u << 23) | 2u));
-  return __float_as_uint(sum) + (binade >> 22);
+  const float magic = __uint_as_float(binade) * 4194305.0f;  // 2^22 + 1
+  const float sum = a + magic;
+  return __float_as_uint(sum) + __umulhi(binade, two_pow_10);  // bits(b) >> 22
 }
 
 // ---------------------------------------------------------------- packed input decodes
