@@ -30,6 +30,10 @@
 //   ratio            = value / copy ceiling = max(SM copy kernel, cudaMemcpyAsync D2D), both
 //                      counting read + write bytes (both records are kept in the output)
 //   read_once_ratio  = the same with passes = 1
+//   same_size_copy_ratio = time of the SM copy kernel moving min_bytes (min_bytes / 2 read and
+//                      min_bytes / 2 written), timed the same way, / the call's time: the
+//                      ceiling's 1 GiB copy hides the fixed cost of a call (launch, first
+//                      wave's latency, drain) that a copy of this size pays too; not used by ratio
 //   isolated_ms      = median time of a call timed alone on an idle GPU (host work and launch
 //                      latency between the events included); not used by ratio
 //
@@ -183,6 +187,7 @@ struct Record {
   int passes = 0;
   double min_bytes = 0;
   double isolated_ms = 0;  // quantize: the call timed on an idle GPU (Timing::isolated)
+  double same_size_copy_ratio = 0;  // quantize: a copy of min_bytes' time / ms
 };
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -232,17 +237,36 @@ struct CopyCeiling {
   Record kernel, memcpy;
 };
 
+// The copy kernel's grid: SM count x the blocks of it that fit on one SM (one full wave; the
+// grid-stride loop covers the rest).
+int copy_grid_for(const cudaDeviceProp& prop) {
+  int copy_blocks_per_sm = 0;
+  BENCH_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&copy_blocks_per_sm, copy_kernel,
+                                                           kThreads, 0));
+  return prop.multiProcessorCount * std::max(1, copy_blocks_per_sm);
+}
+
+// Device time of the copy kernel moving `moved` bytes in all (half read, half written), timed
+// like a quantize call (Timing::device): the same-size reference of same_size_copy_ratio.
+double same_size_copy_ms(double moved, const Options& o, const cudaDeviceProp& prop,
+                         cudaStream_t stream) {
+  const std::size_t n_vec = std::max<std::size_t>(1, static_cast<std::size_t>(moved / 2) / sizeof(int4));
+  DeviceBuffer src(n_vec * sizeof(int4)), dst(n_vec * sizeof(int4));
+  BENCH_CUDA(cudaMemsetAsync(src.get(), 0, n_vec * sizeof(int4), stream));
+  const int grid = copy_grid_for(prop);
+  return time_ms(stream, o.warmup, o.runs, [&](int) {
+    copy_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const int4*>(src.get()),
+                                               static_cast<int4*>(dst.get()), n_vec);
+    BENCH_CUDA(cudaGetLastError());
+  });
+}
+
 CopyCeiling measure_copy(const Options& o, const cudaDeviceProp& prop, cudaStream_t stream) {
   const std::size_t bytes = o.copy_mib << 20;
   DeviceBuffer src(bytes), dst(bytes);
   const std::size_t n_vec = bytes / sizeof(int4);
   const int grid = grid_for(prop);
-  // The copy kernel's grid: SM count x the blocks of it that fit on one SM (one full wave;
-  // the grid-stride loop covers the rest).
-  int copy_blocks_per_sm = 0;
-  BENCH_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&copy_blocks_per_sm, copy_kernel,
-                                                           kThreads, 0));
-  const int copy_grid = prop.multiProcessorCount * std::max(1, copy_blocks_per_sm);
+  const int copy_grid = copy_grid_for(prop);
   fill_bf16_kernel<<<grid, kThreads, 0, stream>>>(static_cast<std::uint16_t*>(src.get()),
                                                   bytes / 2, 1u);
   BENCH_CUDA(cudaGetLastError());
@@ -388,6 +412,7 @@ std::vector<Record> measure_quantize(const Options& o, const cudaDeviceProp& pro
           r.ratio = r.value / copy_gbps;
           r.read_once_ratio =
               (static_cast<double>(in_bytes) + out_bytes) / (ms * 1e-3) / 1e9 / copy_gbps;
+          r.same_size_copy_ratio = same_size_copy_ms(r.min_bytes, o, prop, stream) / ms;
           r.name = "quantize " + r.format + " " + r.option_set + " " + r.usage + " bf16 " +
                    std::to_string(rows) + "x" + std::to_string(cols);
           std::cerr << r.name << ": " << ms << " ms\n";
@@ -428,7 +453,8 @@ void write_json(const std::string& path, const cudaDeviceProp& prop, const Optio
       << ", \"ratio_to\": \"max(copy kernel, memcpy)\"";
     if (r.kind == "quantize")
       f << ", \"read_once_ratio\": " << json_number(r.read_once_ratio)
-        << ", \"isolated_ms\": " << json_number(r.isolated_ms);
+        << ", \"isolated_ms\": " << json_number(r.isolated_ms)
+        << ", \"same_size_copy_ratio\": " << json_number(r.same_size_copy_ratio);
     f << "}";
   }
   f << "\n  ]\n}\n";
@@ -437,12 +463,15 @@ void write_json(const std::string& path, const cudaDeviceProp& prop, const Optio
 
 void print_table(const cudaDeviceProp& prop, const std::vector<Record>& records) {
   std::printf("\n%s\n\n", prop.name);
-  std::printf("| name | ms | GB/s | ratio | read_once_ratio | isolated_ms |\n"
-              "|---|---:|---:|---:|---:|---:|\n");
-  for (const Record& r : records)
-    std::printf("| %s | %.4f | %.1f | %.3f | %s | %s |\n", r.name.c_str(), r.ms, r.value,
-                r.ratio, r.kind == "quantize" ? json_number(r.read_once_ratio, 3).c_str() : "",
-                r.kind == "quantize" ? json_number(r.isolated_ms, 4).c_str() : "");
+  std::printf("| name | ms | GB/s | ratio | read_once_ratio | isolated_ms | same_size_copy_ratio |\n"
+              "|---|---:|---:|---:|---:|---:|---:|\n");
+  for (const Record& r : records) {
+    const bool q = r.kind == "quantize";
+    std::printf("| %s | %.4f | %.1f | %.3f | %s | %s | %s |\n", r.name.c_str(), r.ms, r.value,
+                r.ratio, q ? json_number(r.read_once_ratio, 3).c_str() : "",
+                q ? json_number(r.isolated_ms, 4).c_str() : "",
+                q ? json_number(r.same_size_copy_ratio, 3).c_str() : "");
+  }
 }
 
 }  // namespace

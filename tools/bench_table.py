@@ -30,6 +30,8 @@ def main(paths):
             extra = []
             if r.get("read_once_ratio") is not None:
                 extra.append(f"read_once_ratio {r['read_once_ratio']:.3f}")
+            if r.get("same_size_copy_ratio") is not None:
+                extra.append(f"vs same-size copy {r['same_size_copy_ratio']:.3f}")
             if r.get("speedup_vs_bf16") is not None:
                 extra.append(f"vs bf16 {r['speedup_vs_bf16']:.2f}x")
             if r.get("floor_ms") is not None:
