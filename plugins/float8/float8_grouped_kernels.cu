@@ -65,24 +65,8 @@ struct GroupEntry {
   float* amax_other;  // the other direction's amax buffer (both requested), or nullptr
 };
 
-struct GroupTable {
-  GroupEntry group[kMaxGroupsPerLaunch];
-  int count;
-};
-// Kernel parameters may hold 32764 bytes since CUDA 12.1 (Volta and later).
-static_assert(sizeof(GroupTable) + 256 <= 32764, "the group table must fit the kernel parameters");
-
-// The group of block b: the last group whose first block is <= b. Groups with no block share
-// their first_block with the next group, so the last one wins and owns b.
-__device__ __forceinline__ int find_group(const GroupTable& table, std::int64_t b) {
-  int lo = 0, hi = table.count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (table.group[mid].first_block <= b) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo;
-}
+using GroupTable = sdk::cuda::GroupTable<GroupEntry, kMaxGroupsPerLaunch>;
+using sdk::cuda::find_group;
 
 // FP8 outputs: four scaled values to four codes in one word (element 0 in the lowest byte).
 struct E4M3Out {

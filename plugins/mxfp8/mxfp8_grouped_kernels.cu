@@ -51,24 +51,8 @@ struct GroupEntry {
   std::uint8_t* columnwise_scale;
 };
 
-struct GroupTable {
-  GroupEntry group[kMaxGroupsPerLaunch];
-  int count;
-};
-// Kernel parameters may hold 32764 bytes since CUDA 12.1 (Volta and later).
-static_assert(sizeof(GroupTable) + 256 <= 32764, "the group table must fit the kernel parameters");
-
-// The group of block b: the last group whose first block is <= b (a group without blocks
-// shares its first_block with the next one, which then owns b).
-__device__ __forceinline__ int find_group(const GroupTable& table, std::int64_t b) {
-  int lo = 0, hi = table.count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (table.group[mid].first_block <= b) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo;
-}
+using GroupTable = sdk::cuda::GroupTable<GroupEntry, kMaxGroupsPerLaunch>;
+using sdk::cuda::find_group;
 
 __device__ __forceinline__ bool aligned_to(const void* p, std::size_t bytes) {
   return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;

@@ -414,4 +414,33 @@ inline float amax_to_host(const void* src, qr_dtype src_dtype, std::int64_t nume
   return value;
 }
 
+// ---- grouped quantization (plugin_abi.h, QR_EXTRA_QUANTIZE_GROUPED)
+
+// The groups of one grouped launch, passed by value as a `__grid_constant__` kernel parameter
+// (no upload, no allocation). `Entry` is the plugin's per-group record; it must have
+// `std::int64_t first_block`, the prefix sum of the blocks of the groups before it.
+template <class Entry, int kMaxGroups>
+struct GroupTable {
+  // Kernel parameters may hold 32764 bytes since CUDA 12.1 (Volta and later); 256 are left to
+  // the kernel's other parameters.
+  static_assert(sizeof(Entry) * kMaxGroups + sizeof(int) + 256 <= 32764,
+                "the group table must fit the kernel parameters");
+  Entry group[kMaxGroups];
+  int count;
+};
+
+// The group of block b: the last group whose first block is <= b. A group without blocks
+// shares its first_block with the next group, which then owns b.
+template <class Entry, int kMaxGroups>
+__device__ __forceinline__ int find_group(const GroupTable<Entry, kMaxGroups>& table,
+                                          std::int64_t b) {
+  int lo = 0, hi = table.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (table.group[mid].first_block <= b) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
 }  // namespace qrecipe::sdk::cuda
