@@ -25,6 +25,7 @@
 
 #include "qrecipe/conversions.hpp"
 #include "qrecipe/engine.hpp"
+#include "grouped_inputs.hpp"
 
 using namespace qrecipe;
 
@@ -55,10 +56,8 @@ const Spec kSpecs[] = {
 // format that gains or loses the extra must be listed here, so the report stays true.
 const std::set<std::string> kFormatsWithExtra = {"float8", "mxfp8"};
 
-struct Layout {
-  std::vector<std::int64_t> group_rows;
-  std::int64_t cols;
-};
+using Layout = test::GroupLayout;
+using test::total_rows;
 // Odd and empty groups, partial blocks and tiles everywhere, one group, all-empty groups.
 const Layout kLayouts[] = {
     {{3, 0, 5, 1}, 34}, {{128, 64}, 128}, {{1}, 1}, {{0, 0}, 16}, {{40, 33, 17}, 130},
@@ -66,45 +65,6 @@ const Layout kLayouts[] = {
 };
 
 const QuantizerRole kRole{"grouped_linear", "weight", "experts"};
-
-std::int64_t total_rows(const Layout& l) {
-  std::int64_t n = 0;
-  for (auto r : l.group_rows) n += r;
-  return n;
-}
-
-// N(0,1) values, with per-group character: group 1 gets an outlier (its own amax is large),
-// group 2 a NaN and an inf (its amax is inf: per-tensor formats fall back to scale 1 there),
-// so a scale computed over the whole tensor instead of per group cannot pass.
-std::vector<float> make_values(const Layout& l, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(static_cast<std::size_t>(total_rows(l) * l.cols));
-  for (auto& x : v) x = normal(rng);
-  std::int64_t row = 0;
-  for (std::size_t g = 0; g < l.group_rows.size(); ++g) {
-    const std::int64_t n = l.group_rows[g] * l.cols, first = row * l.cols;
-    if (g == 1 && n > 0) v[first + n / 2] = 3000.0f;
-    if (g == 2 && n > 1) {
-      v[first] = std::numeric_limits<float>::quiet_NaN();
-      v[first + n - 1] = -std::numeric_limits<float>::infinity();
-    }
-    row += l.group_rows[g];
-  }
-  return v;
-}
-
-Tensor make_source(const std::vector<float>& values, std::int64_t rows, std::int64_t cols,
-                   DType dtype) {
-  Tensor t(dtype, {rows, cols});
-  if (dtype == DType::f32) {
-    if (!values.empty()) std::memcpy(t.data_as<float>(), values.data(), values.size() * 4);
-  } else {
-    auto* p = t.data_as<std::uint16_t>();
-    for (std::size_t i = 0; i < values.size(); ++i) p[i] = num::f32_to_bf16(values[i]);
-  }
-  return t;
-}
 
 TensorView rows_of(const TensorView& src, std::int64_t row, std::int64_t rows) {
   qr_tensor_view v = src.c();
@@ -218,7 +178,7 @@ TEST_CASE("grouped quantize == each group quantized alone, every format (CPU)") 
         std::uint64_t seed = 1;
         for (const Layout& l : kLayouts) {
           const Tensor src =
-              make_source(make_values(l, seed++), total_rows(l), l.cols, dtype);
+              test::host_source(test::grouped_values(l, seed++), total_rows(l), l.cols, dtype);
           const std::string what = std::string(spec.label) + " " +
                                    std::string(dtype_name(dtype)) + " " + usage_str(usage) +
                                    " cols " + std::to_string(l.cols) + " groups " +
@@ -242,8 +202,10 @@ TEST_CASE("grouped quantize into existing tensors requantizes in place") {
   Engine e(Recipe::parse(yaml_of(kSpecs[0]), "grouped.yaml"));
   const auto q = e.resolve(kRole);
   const Layout l{{4, 7, 2}, 20};
-  const Tensor first = make_source(make_values(l, 91), total_rows(l), l.cols, DType::f32);
-  const Tensor second = make_source(make_values(l, 92), total_rows(l), l.cols, DType::bf16);
+  const Tensor first =
+      test::host_source(test::grouped_values(l, 91), total_rows(l), l.cols, DType::f32);
+  const Tensor second =
+      test::host_source(test::grouped_values(l, 92), total_rows(l), l.cols, DType::bf16);
   std::vector<QuantizedTensor> dst = e.quantize_grouped(*q, first.view(), l.group_rows, 3);
   std::vector<QuantizedTensor*> ptrs;
   for (auto& t : dst) ptrs.push_back(&t);
@@ -269,7 +231,7 @@ TEST_CASE("grouped quantize of a strided 2-D source and with an explicit rng off
     const auto rq = re.resolve(kRole);
     // A [12, 32] view of a [12, 48] buffer: rows are 48 elements apart.
     const Layout wide{{5, 0, 7}, 48};
-    const Tensor buffer = make_source(make_values(wide, 5), 12, 48, DType::f32);
+    const Tensor buffer = test::host_source(test::grouped_values(wide, 5), 12, 48, DType::f32);
     qr_tensor_view v = buffer.view().c();
     v.shape[1] = 32;
     const TensorView strided(v);
@@ -277,7 +239,7 @@ TEST_CASE("grouped quantize of a strided 2-D source and with an explicit rng off
     compare_once(ge, *gq, *rq, strided, wide.group_rows, QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE,
                  std::string(spec.label) + " strided");
     // An explicit offset: group g uses offset + g (what matters for stochastic rounding).
-    const Tensor src = make_source(make_values(wide, 6), 12, 48, DType::bf16);
+    const Tensor src = test::host_source(test::grouped_values(wide, 6), 12, 48, DType::bf16);
     QuantizeOptions options;
     options.rng_offset = 40;
     const auto got = ge.quantize_grouped(*gq, src.view(), wide.group_rows, QR_USAGE_ROWWISE,
@@ -299,7 +261,7 @@ TEST_CASE("a contiguous 3-D source is grouped along its flattened rows") {
   Engine e(Recipe::parse(yaml_of(kSpecs[0]), "grouped.yaml"));
   const auto q = e.resolve(kRole);
   const Layout l{{3, 3}, 8};
-  const Tensor src = make_source(make_values(l, 17), 6, 8, DType::f32);
+  const Tensor src = test::host_source(test::grouped_values(l, 17), 6, 8, DType::f32);
   const TensorView as3d(src.view().data(), DType::f32, {2, 3, 8});
   const auto got = e.quantize_grouped(*q, as3d, l.group_rows, QR_USAGE_ROWWISE);
   REQUIRE(got.size() == 2);
@@ -316,7 +278,7 @@ TEST_CASE("grouped quantize rejects bad arguments with clear messages") {
     Engine e(Recipe::parse(yaml_of(spec), "grouped.yaml"));
     const auto q = e.resolve(kRole);
     const Layout l{{4, 3}, 8};
-    const Tensor src = make_source(make_values(l, 3), 7, 8, DType::f32);
+    const Tensor src = test::host_source(test::grouped_values(l, 3), 7, 8, DType::f32);
     const std::vector<std::int64_t> wrong_sum = {4, 4}, none = {}, negative = {8, -1};
     CHECK_THROWS_WITH_AS(e.quantize_grouped(*q, src.view(), wrong_sum, QR_USAGE_ROWWISE),
                          doctest::Contains("group row counts sum to 8 but the source f32[7, 8]"),
@@ -360,7 +322,7 @@ TEST_CASE("the plugin extra checks its arguments itself (hosts other than the en
   const auto slot = q->plugin().quantize_grouped_extra();
   REQUIRE((slot != nullptr));
   const Layout l{{2, 2}, 4};
-  const Tensor src = make_source(make_values(l, 4), 4, 4, DType::f32);
+  const Tensor src = test::host_source(test::grouped_values(l, 4), 4, 4, DType::f32);
   auto dst = e.quantize_grouped(*q, src.view(), l.group_rows, QR_USAGE_ROWWISE);
   qr_quantized_tensor* c_dst[2] = {&dst[0].c(), &dst[1].c()};
   qr_quantize_args args{};

@@ -258,6 +258,7 @@ void Engine::update_states(const std::vector<std::size_t>& indices,
     void* stream = stream_for ? stream_for(device) : nullptr;
     table->run(updates, reusable ? states_version_ : 0, stream);
 #else
+    (void)reusable, (void)stream_for;  // used by the CUDA build only
     QR_THROW_CODE(QR_STATUS_UNSUPPORTED, updates.size(), " delayed-scaling state(s) on cuda:",
                   device, " but this build of libqrecipe has no CUDA");
 #endif

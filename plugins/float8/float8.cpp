@@ -205,11 +205,10 @@ class Float8Quantizer final : public sdk::QuantizerBase {
                         const qr_quantize_args& args, std::span<qr_quantized_tensor* const> dst) {
     sdk::check_source_view(src, "float8");
     if (src.device.type != QR_DEVICE_CUDA) {
-      std::int64_t row = 0;
-      for (std::size_t g = 0; g < dst.size(); ++g) {
-        quantize(sdk::row_slice(src, row, group_rows[g]), args, *dst[g]);
-        row += group_rows[g];
-      }
+      sdk::for_each_group(src, group_rows, dst,
+                          [&](const qr_tensor_view& rows, qr_quantized_tensor& out) {
+                            quantize(rows, args, out);
+                          });
       return;
     }
     quantize_grouped_cuda(src, group_rows, args, dst);

@@ -190,11 +190,10 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
     sdk::check_source_view(src, "mxfp8");
     require_supported_device(src.device, "quantize_grouped", "the source");
     if (src.device.type != QR_DEVICE_CUDA) {
-      std::int64_t row = 0;
-      for (std::size_t g = 0; g < dst.size(); ++g) {
-        quantize(sdk::row_slice(src, row, group_rows[g]), args, *dst[g]);
-        row += group_rows[g];
-      }
+      sdk::for_each_group(src, group_rows, dst,
+                          [&](const qr_tensor_view& rows, qr_quantized_tensor& out) {
+                            quantize(rows, args, out);
+                          });
       return;
     }
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)

@@ -25,6 +25,7 @@
 #include "qrecipe/conversions.hpp"
 #include "qrecipe/cuda.hpp"
 #include "qrecipe/engine.hpp"
+#include "../grouped_inputs.hpp"
 
 using namespace qrecipe;
 
@@ -47,10 +48,8 @@ const Spec kSpecs[] = {
     {"nvfp4/default", "{format: nvfp4}"},
 };
 
-struct Layout {
-  std::vector<std::int64_t> group_rows;
-  std::int64_t cols;
-};
+using Layout = test::GroupLayout;
+using test::total_rows;
 
 std::vector<Layout> layouts() {
   std::vector<Layout> out = {
@@ -65,44 +64,6 @@ std::vector<Layout> layouts() {
   for (int g = 0; g < 130; ++g) many.group_rows.push_back(g % 5);
   out.push_back(many);
   return out;
-}
-
-std::int64_t total_rows(const Layout& l) {
-  std::int64_t n = 0;
-  for (auto r : l.group_rows) n += r;
-  return n;
-}
-
-// N(0,1), group 1 with an outlier, group 2 with a NaN and -inf (its scale falls back to 1).
-std::vector<float> make_values(const Layout& l, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(static_cast<std::size_t>(total_rows(l) * l.cols));
-  for (auto& x : v) x = normal(rng);
-  std::int64_t row = 0;
-  for (std::size_t g = 0; g < l.group_rows.size(); ++g) {
-    const std::int64_t n = l.group_rows[g] * l.cols, first = row * l.cols;
-    if (g == 1 && n > 0) v[first + n / 2] = 3000.0f;
-    if (g == 2 && n > 1) {
-      v[first] = std::numeric_limits<float>::quiet_NaN();
-      v[first + n - 1] = -std::numeric_limits<float>::infinity();
-    }
-    row += l.group_rows[g];
-  }
-  return v;
-}
-
-Tensor host_source(const std::vector<float>& values, std::int64_t rows, std::int64_t cols,
-                   DType dtype) {
-  Tensor t(dtype, {rows, cols});
-  if (dtype == DType::f32) {
-    if (!values.empty()) std::memcpy(t.data_as<float>(), values.data(), values.size() * 4);
-  } else {
-    auto* p = t.data_as<std::uint16_t>();
-    for (std::size_t i = 0; i < values.size(); ++i)
-      p[i] = dtype == DType::bf16 ? num::f32_to_bf16(values[i]) : num::f32_to_f16(values[i]);
-  }
-  return t;
 }
 
 Tensor to_device(const Tensor& host) {
@@ -214,7 +175,7 @@ TEST_CASE("GPU grouped quantize == CPU reference of each group alone") {
                                    usage_str(usage) + " " + std::to_string(l.group_rows.size()) +
                                    " groups x " + std::to_string(l.cols) + " cols";
           CAPTURE(what);
-          const Tensor host = host_source(make_values(l, seed++), total_rows(l), l.cols, dtype);
+          const Tensor host = test::host_source(test::grouped_values(l, seed++), total_rows(l), l.cols, dtype);
           const Tensor dev = to_device(host);
           std::vector<QuantizedTensor> want;
           std::int64_t row = 0;
@@ -279,7 +240,7 @@ TEST_CASE("GPU grouped quantize timing: one grouped call vs one quantize per gro
       const Layout l{std::vector<std::int64_t>(static_cast<std::size_t>(c.groups), c.rows),
                      c.cols};
       const Tensor dev =
-          to_device(host_source(make_values(l, 3), total_rows(l), l.cols, DType::bf16));
+          to_device(test::host_source(test::grouped_values(l, 3), total_rows(l), l.cols, DType::bf16));
       auto grouped = engine.quantize_grouped(*q, dev.view(), l.group_rows, 3, {},
                                              cuda_allocator());
       std::vector<QuantizedTensor*> dst;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -146,6 +147,19 @@ inline qr_tensor_view row_slice(const qr_tensor_view& src, std::int64_t row_begi
     v.data = static_cast<char*>(src.data) +
              row_begin * src.strides[0] * dtype_bits(static_cast<DType>(src.dtype)) / 8;
   return v;
+}
+
+// Calls quantize_one(rows of group g as a view, *dst[g]) for g = 0, 1, ... in order: grouped
+// quantization by its definition (plugin_abi.h, QR_EXTRA_QUANTIZE_GROUPED), which is what a
+// CPU reference runs.
+template <class Fn>
+void for_each_group(const qr_tensor_view& src, std::span<const std::int64_t> group_rows,
+                    std::span<qr_quantized_tensor* const> dst, Fn&& quantize_one) {
+  std::int64_t row = 0;
+  for (std::size_t g = 0; g < dst.size(); ++g) {
+    quantize_one(row_slice(src, row, group_rows[g]), *dst[g]);
+    row += group_rows[g];
+  }
 }
 
 // Calls fn(offset) with the element offset of every element of v in logical row-major order.
