@@ -303,6 +303,20 @@ struct Shape {
   std::int64_t m, n, k;
 };
 
+// The "format" field of a record: the operands' formats, "A x B" ("bf16" for a dense GEMM),
+// read from the quantizer specs ("{format: mxfp8, ...}" -> "mxfp8").
+std::string format_of(const Config& c) {
+  const auto one = [](const char* spec) -> std::string {
+    if (spec == nullptr) return "bf16";
+    const std::string s(spec), key = "format: ";
+    const auto at = s.find(key);
+    if (at == std::string::npos) return "?";
+    const auto begin = at + key.size();
+    return s.substr(begin, s.find_first_of(",}", begin) - begin);
+  };
+  return c.a_spec == nullptr && c.b_spec == nullptr ? "bf16" : one(c.a_spec) + " x " + one(c.b_spec);
+}
+
 struct Options {
   std::string out;
   int runs = 15, warmup = 10, batch = 10;
@@ -312,7 +326,7 @@ struct Options {
 };
 
 struct Record {
-  std::string name, config, path, plan;
+  std::string name, config, format, path, plan;
   Shape shape{};
   double ms = 0, raw_ms = 0, value = 0, raw_value = 0, ratio = 0, speedup_vs_bf16 = 0, flops = 0;
 };
@@ -519,6 +533,7 @@ std::optional<Record> measure(const Options& o, const Config& c, const Shape& s,
 
   Record rec;
   rec.config = c.label;
+  rec.format = format_of(c);
   rec.shape = s;
   rec.path = path_name(plan.path);
   rec.plan = plan.str();
@@ -551,7 +566,8 @@ void write_json(const std::string& path, const cudaDeviceProp& prop, const Optio
   for (std::size_t i = 0; i < records.size(); ++i) {
     const Record& r = records[i];
     f << (i ? "," : "") << "\n    {\"name\": " << json_string(r.name) << ", \"kind\": \"gemm\""
-      << ", \"config\": " << json_string(r.config) << ", \"shape\": [" << r.shape.m << ", " << r.shape.n
+      << ", \"config\": " << json_string(r.config) << ", \"format\": " << json_string(r.format)
+      << ", \"shape\": [" << r.shape.m << ", " << r.shape.n
       << ", " << r.shape.k << "], \"dtype\": " << json_string(std::string(qrecipe::dtype_name(o.out_dtype)))
       << ", \"path\": " << json_string(r.path) << ", \"plan\": " << json_string(r.plan)
       << ", \"ms\": " << json_number(r.ms) << ", \"flops\": " << json_number(r.flops, 12)

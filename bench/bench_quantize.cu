@@ -449,6 +449,8 @@ void write_json(const std::string& path, const cudaDeviceProp& prop, const Optio
     const Record& r = records[i];
     f << (i ? "," : "") << "\n    {\"name\": " << json_string(r.name)
       << ", \"kind\": " << json_string(r.kind);
+    if (r.kind != "quantize")  // the ceiling's copies: no format, no tensor shape
+      f << ", \"format\": \"\", \"shape\": []";
     if (r.kind == "quantize")
       f << ", \"format\": " << json_string(r.format) << ", \"option_set\": "
         << json_string(r.option_set) << ", \"usage\": " << json_string(r.usage)
