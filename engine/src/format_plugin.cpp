@@ -7,7 +7,7 @@
 
 namespace qrecipe {
 
-std::string OptionSchema::type_name() const {
+const char* option_type_name(qr_option_type type) {
   switch (type) {
     case QR_OPTION_BOOL: return "bool";
     case QR_OPTION_INT: return "int";
@@ -18,6 +18,8 @@ std::string OptionSchema::type_name() const {
   }
   return "unknown";
 }
+
+std::string OptionSchema::type_name() const { return option_type_name(type); }
 
 std::string OptionSchema::describe() const {
   std::ostringstream os;

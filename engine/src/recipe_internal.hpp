@@ -86,18 +86,6 @@ inline std::string number_str(double v) {
   return std::string(buffer, result.ptr);
 }
 
-inline const char* option_type_name(qr_option_type type) {
-  switch (type) {
-    case QR_OPTION_BOOL: return "bool";
-    case QR_OPTION_INT: return "int";
-    case QR_OPTION_FLOAT: return "float";
-    case QR_OPTION_ENUM: return "enum";
-    case QR_OPTION_STRING: return "string";
-    case QR_OPTION_QUANTIZER: return "quantizer";
-  }
-  return "unknown";
-}
-
 // Why `pattern` is not a valid name glob ("" when it is): recipe_glob.cpp.
 std::string glob_problem(std::string_view pattern);
 

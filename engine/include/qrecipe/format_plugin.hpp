@@ -14,6 +14,9 @@
 
 namespace qrecipe {
 
+// "bool", "int", "float", "enum", "string", "quantizer" ("unknown" for a value out of range).
+const char* option_type_name(qr_option_type type);
+
 struct OptionSchema {
   std::string key;
   qr_option_type type = QR_OPTION_STRING;
