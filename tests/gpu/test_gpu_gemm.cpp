@@ -260,6 +260,31 @@ Tensor to_device(const Tensor& host) {
   return t;
 }
 
+// The epilogue's inputs, the same values on both sides: the initial output (read by accumulate)
+// in `out`'s dtype on the host and the target, and the bias on the host and the target. For a
+// BF16 output `out0` is rounded to what the tensors hold, so the checks see the same values.
+struct EpilogueInputs {
+  Tensor cpu_out, gpu_out, bias_host, bias_dev;
+};
+
+EpilogueInputs epilogue_inputs(DType out, const Shape& shape, std::vector<float>& out0,
+                               const std::vector<float>& bias) {
+  Tensor cpu_out(out, {shape.m, shape.n});
+  for (std::size_t i = 0; i < out0.size(); ++i) {
+    if (out == DType::f32) {
+      cpu_out.data_as<float>()[i] = out0[i];
+    } else {
+      cpu_out.data_as<std::uint16_t>()[i] = qrecipe::num::f32_to_bf16(out0[i]);
+      out0[i] = qrecipe::num::bf16_to_f32(cpu_out.data_as<std::uint16_t>()[i]);
+    }
+  }
+  Tensor gpu_out = to_device(cpu_out);
+  Tensor bias_host(DType::f32, {shape.n});
+  std::memcpy(bias_host.data_as<float>(), bias.data(), bias.size() * 4);
+  Tensor bias_dev = to_device(bias_host);
+  return {std::move(cpu_out), std::move(gpu_out), std::move(bias_host), std::move(bias_dev)};
+}
+
 std::vector<float> output_values(const TensorView& out) {
   const auto n = static_cast<std::size_t>(out.numel());
   std::vector<float> v(n);
@@ -440,19 +465,7 @@ TEST_CASE("GPU GEMMs equal the CPU reference on the same quantized operands") {
           const auto mn = static_cast<std::size_t>(shape.m * shape.n);
           std::vector<float> out0 = random_normal(mn, seed + 2);
           std::vector<float> bias = random_normal(static_cast<std::size_t>(shape.n), seed + 3);
-          Tensor cpu_out(v.out, {shape.m, shape.n});
-          for (std::size_t i = 0; i < mn; ++i) {
-            if (v.out == DType::f32) {
-              cpu_out.data_as<float>()[i] = out0[i];
-            } else {
-              cpu_out.data_as<std::uint16_t>()[i] = qrecipe::num::f32_to_bf16(out0[i]);
-              out0[i] = qrecipe::num::bf16_to_f32(cpu_out.data_as<std::uint16_t>()[i]);
-            }
-          }
-          Tensor gpu_out = to_device(cpu_out);
-          Tensor bias_host(DType::f32, {shape.n});
-          std::memcpy(bias_host.data_as<float>(), bias.data(), bias.size() * 4);
-          Tensor bias_dev = to_device(bias_host);
+          auto [cpu_out, gpu_out, bias_host, bias_dev] = epilogue_inputs(v.out, shape, out0, bias);
 
           GemmOptions o;
           o.alpha = v.alpha;
@@ -603,19 +616,7 @@ TEST_CASE("GPU emulated GEMMs recompute exactly when BF16 cannot hold the decode
           for (const float x : output_values(cpu_probe.view())) scale = std::max(scale, std::fabs(static_cast<double>(x)));
           for (auto& x : out0) x = static_cast<float>(x * scale);
           for (auto& x : bias) x = static_cast<float>(x * scale);
-          Tensor cpu_out(v.out, {shape.m, shape.n});
-          for (std::size_t i = 0; i < mn; ++i) {
-            if (v.out == DType::f32) {
-              cpu_out.data_as<float>()[i] = out0[i];
-            } else {
-              cpu_out.data_as<std::uint16_t>()[i] = qrecipe::num::f32_to_bf16(out0[i]);
-              out0[i] = qrecipe::num::bf16_to_f32(cpu_out.data_as<std::uint16_t>()[i]);
-            }
-          }
-          Tensor gpu_out = to_device(cpu_out);
-          Tensor bias_host(DType::f32, {shape.n});
-          std::memcpy(bias_host.data_as<float>(), bias.data(), bias.size() * 4);
-          Tensor bias_dev = to_device(bias_host);
+          auto [cpu_out, gpu_out, bias_host, bias_dev] = epilogue_inputs(v.out, shape, out0, bias);
           GemmOptions o;
           o.kind = kind.kind;
           o.alpha = v.alpha;
