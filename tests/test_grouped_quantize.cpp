@@ -54,7 +54,7 @@ const Spec kSpecs[] = {
 
 // The formats whose plugin fills the quantize_grouped extra (the others take the loop). A
 // format that gains or loses the extra must be listed here, so the report stays true.
-const std::set<std::string> kFormatsWithExtra = {"float8", "mxfp8"};
+const std::set<std::string> kFormatsWithExtra = {"float8", "mxfp8", "blockwise", "nvfp4"};
 
 using Layout = test::GroupLayout;
 using test::total_rows;
@@ -271,7 +271,7 @@ TEST_CASE("a contiguous 3-D source is grouped along its flattened rows") {
 // ---------------------------------------------------------------- 4. bad inputs
 
 TEST_CASE("grouped quantize rejects bad arguments with clear messages") {
-  for (const Spec& spec : {kSpecs[0], kSpecs[4], kSpecs[5]}) {  // slots; blockwise: the loop
+  for (const Spec& spec : {kSpecs[0], kSpecs[4], kSpecs[5]}) {  // each format's extra
     const std::string format = format_of(spec);
     if (!have(format.c_str())) continue;
     CAPTURE(spec.label);

@@ -13,6 +13,9 @@
 // Devices: CPU tensors run the reference; CUDA tensors run the kernels of blockwise_kernels.cu
 // (both directions in one pass over the source) when the plugin is built with CUDA, and the
 // descriptor then declares cpu|cuda. Without CUDA they are refused with QR_STATUS_UNSUPPORTED.
+// Grouped quantization (the quantize_grouped extra, MoE experts as one tensor): CPU sources run
+// the reference group after group; CUDA sources run every group in ONE launch
+// (blockwise_grouped_kernels.cu, the same tile code as the one-tensor kernel).
 // There is no silent fallback to the reference for device memory. The kernels need contiguous
 // sources (strided CUDA views are UNSUPPORTED); the reference reads any strided host view.
 //
@@ -22,6 +25,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -34,6 +38,7 @@
 #include "qrecipe/plugin_sdk_tensor.hpp"
 #include "qrecipe/tensor.hpp"
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
+#include "blockwise_grouped_kernels.hpp"
 #include "blockwise_kernels.hpp"
 #endif
 
@@ -188,19 +193,8 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
   void quantize(const qr_tensor_view& src, const qr_quantize_args& args,
                 qr_quantized_tensor& dst) override {
     require_supported_device("quantize", src.device);
-    QR_CHECK(args.usage != 0 && (args.usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0,
-             "blockwise quantize: usage must be rowwise (1), columnwise (2) or both, got ",
-             args.usage);
-    QR_CHECK((args.usage & ~dst.usage) == 0, "blockwise quantize: usage ", args.usage,
-             " asks for a direction the destination does not hold (it holds ", dst.usage,
-             "); allocate it with that usage");
     std::int64_t rows = 0, cols = 0;
-    logical_shape(src, rows, cols);
-    QR_CHECK(rows == dst.rows && cols == dst.cols, "blockwise quantize: source is ", rows, "x",
-             cols, " (as 2-D) but the destination is ", dst.rows, "x", dst.cols);
-    for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
-      if (args.usage & usage_bit_of(d))
-        check_destination(direction_data(dst, d), rows, cols, d, src.device);
+    check_quantize_call(src, args, dst, rows, cols);
     if (src.device.type == QR_DEVICE_CUDA) {
       quantize_cuda(src, args, dst, rows, cols);
       return;
@@ -214,6 +208,36 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
       ref::quantize(x, rows, cols, params_, src_dtype, d, static_cast<std::uint8_t*>(dd.data.data),
                     static_cast<float*>(dd.scale_inv.data));
     }
+  }
+
+  // Grouped quantization (the descriptor's quantize_grouped extra, plugin_abi.h: each group
+  // byte-identical to quantizing its rows alone; plugin_sdk.hpp has checked the generic
+  // arguments). CPU: quantize, group after group (the definition). CUDA: every group's kernel
+  // arguments exactly as quantize builds them for that group alone, all groups in ONE launch
+  // (blockwise_grouped_kernels.cu; blockwise has no tensor-level quantity).
+  void quantize_grouped(const qr_tensor_view& src, std::span<const std::int64_t> group_rows,
+                        const qr_quantize_args& args, std::span<qr_quantized_tensor* const> dst) {
+    require_supported_device("quantize_grouped", src.device);
+    if (src.device.type != QR_DEVICE_CUDA) {
+      sdk::for_each_group(src, group_rows, dst,
+                          [&](const qr_tensor_view& rows, qr_quantized_tensor& out) {
+                            quantize(rows, args, out);
+                          });
+      return;
+    }
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    require_contiguous_cuda_source(src, "quantize_grouped");
+    std::vector<cuda::QuantizeArgs> groups;
+    groups.reserve(dst.size());
+    sdk::for_each_group(src, group_rows, dst,
+                        [&](const qr_tensor_view& group, qr_quantized_tensor& out) {
+                          std::int64_t rows = 0, cols = 0;
+                          check_quantize_call(group, args, out, rows, cols);
+                          groups.push_back(
+                              cuda_args(group, args, out, rows, cols, "quantize_grouped"));
+                        });
+    cuda::quantize_grouped(groups);
+#endif
   }
 
   void dequantize(const qr_quantized_tensor& src, qr_direction direction,
@@ -310,11 +334,46 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
     check_contiguous(dd.scale_inv, "destination scale_inv");
   }
 
+  // The checks of a quantize call (usage, shape, destinations); sets the source's logical
+  // [rows, cols]. quantize and each group of quantize_grouped make them.
+  void check_quantize_call(const qr_tensor_view& src, const qr_quantize_args& args,
+                           const qr_quantized_tensor& dst, std::int64_t& rows,
+                           std::int64_t& cols) const {
+    QR_CHECK(args.usage != 0 && (args.usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0,
+             "blockwise quantize: usage must be rowwise (1), columnwise (2) or both, got ",
+             args.usage);
+    QR_CHECK((args.usage & ~dst.usage) == 0, "blockwise quantize: usage ", args.usage,
+             " asks for a direction the destination does not hold (it holds ", dst.usage,
+             "); allocate it with that usage");
+    logical_shape(src, rows, cols);
+    QR_CHECK(rows == dst.rows && cols == dst.cols, "blockwise quantize: source is ", rows, "x",
+             cols, " (as 2-D) but the destination is ", dst.rows, "x", dst.cols);
+    for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
+      if (args.usage & usage_bit_of(d))
+        check_destination(direction_data(dst, d), rows, cols, d, src.device);
+  }
+
   // Both requested directions in one kernel pass; the destinations were checked already.
   void quantize_cuda(const qr_tensor_view& src, const qr_quantize_args& args,
                      qr_quantized_tensor& dst, std::int64_t rows, std::int64_t cols) const {
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
-    require_contiguous_cuda_source(src, "quantize");
+    cuda::quantize(cuda_args(src, args, dst, rows, cols, "quantize"));
+#else
+    (void)src;
+    (void)args;
+    (void)dst;
+    (void)rows;
+    (void)cols;
+#endif
+  }
+
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+  // The kernel arguments of one checked quantize call (one tensor, or one group of a grouped
+  // call: the same arguments either way, hence the same bytes).
+  cuda::QuantizeArgs cuda_args(const qr_tensor_view& src, const qr_quantize_args& args,
+                               qr_quantized_tensor& dst, std::int64_t rows, std::int64_t cols,
+                               const char* op) const {
+    require_contiguous_cuda_source(src, op);
     const auto src_dtype = static_cast<qr_dtype>(src.dtype);
     cuda::QuantizeArgs a;
     a.src = src.data;
@@ -337,15 +396,9 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
     }
     a.device_index = src.device.index;
     a.stream = args.stream;
-    cuda::quantize(a);
-#else
-    (void)src;
-    (void)args;
-    (void)dst;
-    (void)rows;
-    (void)cols;
-#endif
+    return a;
   }
+#endif
 
   ref::Params params_;
   bool block_from_role_ = false;

@@ -28,11 +28,18 @@
 // back to the CPU reference. Both paths run the same checks (ref::check_amax_call,
 // ref::check_quantize_call) and take the call offset from the same counter. The kernels need
 // contiguous sources; the CPU reference reads any strided view.
+//
+// Grouped quantization (the quantize_grouped extra, MoE experts as one tensor): CPU sources run
+// the reference group after group; CUDA sources with the 1-D options (no 2d, no Hadamard) run
+// every group in three launches (nvfp4_grouped_kernels.cu); CUDA sources with 2d or Hadamard
+// are quantized one group at a time through quantize (same bytes, no launch saving).
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "nvfp4_ref.hpp"
 #include "qrecipe/error.hpp"
@@ -41,6 +48,7 @@
 #include "qrecipe/plugin_sdk_tensor.hpp"
 #include "qrecipe/tensor.hpp"
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
+#include "nvfp4_grouped_kernels.hpp"
 #include "nvfp4_kernels.hpp"
 #endif
 
@@ -166,32 +174,55 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
 
   void quantize(const qr_tensor_view& src, const qr_quantize_args& args,
                 qr_quantized_tensor& dst) override {
-    const std::uint32_t usage = sdk::check_quantize_usage(args, dst, "nvfp4");
-    require_supported(src.device, "quantize");
-    const std::int64_t rows = view_rows(src), cols = view_cols(src);
-    QR_CHECK(dst.rows == rows && dst.cols == cols, "nvfp4 quantize: the source is ", rows,
-             " x ", cols, " (as 2-D) but the destination is ", dst.rows, " x ", dst.cols);
-
     ref::DirectionOut out[2];
-    for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
-      if (!(usage & usage_of(d))) continue;
-      qr_direction_data& dd = d == QR_DIRECTION_ROWWISE ? dst.rowwise : dst.columnwise;
-      check_destination(dd, d, rows, cols, src.device);
-      out[d].data = static_cast<std::uint8_t*>(dd.data.data);
-      out[d].scales = static_cast<std::uint8_t*>(dd.scale_inv.data);
-      out[d].amax = static_cast<float*>(dd.amax.data);
-    }
-
-    ref::Request request;
-    request.amax = args.amax;
-    request.call_offset = args.has_rng_offset ? args.rng_offset : next_offset_.fetch_add(1);
-    request.rowwise = (usage & QR_USAGE_ROWWISE) ? &out[QR_DIRECTION_ROWWISE] : nullptr;
-    request.columnwise = (usage & QR_USAGE_COLUMNWISE) ? &out[QR_DIRECTION_COLUMNWISE] : nullptr;
+    const ref::Request request = checked_request(src, args, dst, out);
     if (src.device.type == QR_DEVICE_CUDA) {
       quantize_cuda(src, request, args.stream);
       return;
     }
     ref::quantize(src, config_, request);
+  }
+
+  // Grouped quantization (the descriptor's quantize_grouped extra, plugin_abi.h: each group
+  // byte-identical to quantizing its rows alone, one call after the other; plugin_sdk.hpp has
+  // checked the generic arguments). Group g takes call offset rng_offset + g, or the next
+  // num_groups offsets of the counter, as sequential quantize calls would. CPU: quantize,
+  // group after group (the definition). CUDA, 1-D options: every group's kernel arguments
+  // exactly as quantize builds them for that group alone, all groups in three launches
+  // (nvfp4_grouped_kernels.cu). CUDA with 2d or Hadamard: one quantize per group, still the
+  // contract's bytes (their tile kernels have no grouped form yet).
+  void quantize_grouped(const qr_tensor_view& src, std::span<const std::int64_t> group_rows,
+                        const qr_quantize_args& args, std::span<qr_quantized_tensor* const> dst) {
+    require_supported(src.device, "quantize_grouped");
+    const std::uint64_t first_offset =
+        args.has_rng_offset ? args.rng_offset : next_offset_.fetch_add(dst.size());
+    qr_quantize_args per_group = args;
+    per_group.has_rng_offset = 1;
+    std::uint64_t offset = first_offset;
+    if (src.device.type != QR_DEVICE_CUDA || config_.two_d || config_.hadamard) {
+      sdk::for_each_group(src, group_rows, dst,
+                          [&](const qr_tensor_view& rows, qr_quantized_tensor& out) {
+                            per_group.rng_offset = offset++;
+                            quantize(rows, per_group, out);
+                          });
+      return;
+    }
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    require_contiguous(src, "quantize_grouped");
+    std::vector<cuda::QuantizeArgs> groups(dst.size());
+    std::vector<GroupBuffers> buffers(dst.size());  // what groups[g] points to
+    std::size_t g = 0;
+    sdk::for_each_group(src, group_rows, dst,
+                        [&](const qr_tensor_view& rows, qr_quantized_tensor& out) {
+                          per_group.rng_offset = offset++;
+                          ref::DirectionOut outs[2];
+                          const ref::Request request = checked_request(rows, per_group, out, outs);
+                          check_cuda_call(rows, request, "quantize_grouped");
+                          groups[g] = cuda_args(rows, request, args.stream, buffers[g].d);
+                          ++g;
+                        });
+    cuda::quantize_grouped(groups);
+#endif
   }
 
   void dequantize(const qr_quantized_tensor& src, qr_direction direction,
@@ -276,13 +307,64 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
              "device");
   }
 
-  // The CUDA path of quantize: the reference's checks (nothing is written when they throw),
-  // then the kernels. request.amax is a host pointer; the kernels take its values.
-  void quantize_cuda(const qr_tensor_view& src, const ref::Request& request, void* stream) {
+  // The checks of a quantize call (usage, shape, destinations) and its request: the
+  // destinations in `out`, the call offset (taken from the counter unless args has one).
+  ref::Request checked_request(const qr_tensor_view& src, const qr_quantize_args& args,
+                               qr_quantized_tensor& dst, ref::DirectionOut (&out)[2]) {
+    const std::uint32_t usage = sdk::check_quantize_usage(args, dst, "nvfp4");
+    require_supported(src.device, "quantize");
+    const std::int64_t rows = view_rows(src), cols = view_cols(src);
+    QR_CHECK(dst.rows == rows && dst.cols == cols, "nvfp4 quantize: the source is ", rows,
+             " x ", cols, " (as 2-D) but the destination is ", dst.rows, " x ", dst.cols);
+
+    for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+      if (!(usage & usage_of(d))) continue;
+      qr_direction_data& dd = d == QR_DIRECTION_ROWWISE ? dst.rowwise : dst.columnwise;
+      check_destination(dd, d, rows, cols, src.device);
+      out[d].data = static_cast<std::uint8_t*>(dd.data.data);
+      out[d].scales = static_cast<std::uint8_t*>(dd.scale_inv.data);
+      out[d].amax = static_cast<float*>(dd.amax.data);
+    }
+
+    ref::Request request;
+    request.amax = args.amax;
+    request.call_offset = args.has_rng_offset ? args.rng_offset : next_offset_.fetch_add(1);
+    request.rowwise = (usage & QR_USAGE_ROWWISE) ? &out[QR_DIRECTION_ROWWISE] : nullptr;
+    request.columnwise = (usage & QR_USAGE_COLUMNWISE) ? &out[QR_DIRECTION_COLUMNWISE] : nullptr;
+    return request;
+  }
+
+  // The reference's checks of a CUDA call (nothing is written when they throw).
+  void check_cuda_call(const qr_tensor_view& src, const ref::Request& request,
+                       const char* op) const {
     ref::check_quantize_call(src, config_, request);
-    require_contiguous(src, "quantize");
+    require_contiguous(src, op);
+  }
+
+  // The CUDA path of quantize: the checks, then the kernels. request.amax is a host pointer;
+  // the kernels take its values.
+  void quantize_cuda(const qr_tensor_view& src, const ref::Request& request, void* stream) {
+    check_cuda_call(src, request, "quantize");
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
     cuda::DirectionBuffers buffers[2];
+    cuda::quantize(cuda_args(src, request, stream, buffers));
+#else
+    (void)stream;
+    throw_unsupported_device(src.device, "quantize");
+#endif
+  }
+
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+  // The direction buffers one group's kernel arguments point to.
+  struct GroupBuffers {
+    cuda::DirectionBuffers d[2];
+  };
+
+  // The kernel arguments of one checked CUDA quantize call (one tensor, or one group of a
+  // grouped call: the same arguments either way, hence the same bytes); they point into
+  // `buffers`.
+  cuda::QuantizeArgs cuda_args(const qr_tensor_view& src, const ref::Request& request,
+                               void* stream, cuda::DirectionBuffers (&buffers)[2]) const {
     const ref::DirectionOut* outs[2] = {request.rowwise, request.columnwise};
     for (int d = 0; d < 2; ++d) {
       if (!outs[d]) continue;
@@ -305,12 +387,9 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
     a.columnwise = request.columnwise ? &buffers[1] : nullptr;
     a.device_index = src.device.index;
     a.stream = stream;
-    cuda::quantize(a);
-#else
-    (void)stream;
-    throw_unsupported_device(src.device, "quantize");
-#endif
+    return a;
   }
+#endif
 
   ref::Config config_;
   std::atomic<std::uint64_t> next_offset_{0};  // stochastic-rounding call offset

@@ -1,12 +1,14 @@
 // Grouped quantization on the GPU == the CPU reference of each group alone, bit for bit
 // (Engine::quantize_grouped, plugin_abi.h quantize_grouped). For float8 that is the grouped
 // kernels of plugins/float8/float8_grouped_kernels.cu (one amax launch and one cast launch for
-// all groups), for mxfp8 plugins/mxfp8/mxfp8_grouped_kernels.cu (one launch); for the formats
-// without the extra, the engine's per-group loop over device slices. Each case quantizes the
-// same source on the CPU group by group (one engine) and on
-// the GPU grouped (another engine), copies every GPU buffer back and requires byte equality of
-// data, scale_inv and amax per group and direction; delayed-scaling states are compared after
-// each update. A last case prints grouped vs per-group timings (information, not asserted).
+// all groups), for mxfp8 plugins/mxfp8/mxfp8_grouped_kernels.cu and for blockwise
+// plugins/blockwise/blockwise_grouped_kernels.cu (one launch each), for nvfp4 with the 1-D
+// options plugins/nvfp4/nvfp4_grouped_kernels.cu (three launches: zero, amax, cast); for the
+// formats without the extra, the engine's per-group loop over device slices. Each case
+// quantizes the same source on the CPU group by group (one engine) and on the GPU grouped
+// (another engine), copies every GPU buffer back and requires byte equality of data,
+// scale_inv and amax per group and direction; delayed-scaling states are compared after each
+// update. A last case prints grouped vs per-group timings (information, not asserted).
 //
 // Without a usable CUDA device it prints "not supported: no CUDA device" and passes.
 #include <doctest/doctest.h>
@@ -45,7 +47,13 @@ const Spec kSpecs[] = {
     {"mxfp8/e4m3", "{format: mxfp8}"},
     {"mxfp8/e5m2", "{format: mxfp8, dtype: e5m2}"},
     {"blockwise/1x128", "{format: blockwise, block: 1x128}"},
+    {"blockwise/128x128", "{format: blockwise, block: 128x128, pow2_scales: false}"},
+    // 100 is above the amax of normal blocks (the epsilon decides) and below the outlier's.
+    {"blockwise/1x128_eps", "{format: blockwise, block: 1x128, amax_epsilon: 100}"},
     {"nvfp4/default", "{format: nvfp4}"},
+    {"nvfp4/sr", "{format: nvfp4, stochastic_rounding: true, seed: 5}"},
+    // 2d: the plugin quantizes group by group (no grouped kernel for the 2d tiles).
+    {"nvfp4/2d", "{format: nvfp4, 2d: true}"},
 };
 
 using Layout = test::GroupLayout;
@@ -60,7 +68,7 @@ std::vector<Layout> layouts() {
       {{200, 56, 3}, 257},
       {{1024, 1024, 512}, 1024},   // expert-sized
   };
-  Layout many{{}, 40};  // more groups than one launch carries (float8: 128 per launch)
+  Layout many{{}, 40};  // more groups than one launch carries (128 per launch)
   for (int g = 0; g < 130; ++g) many.group_rows.push_back(g % 5);
   out.push_back(many);
   return out;
@@ -143,6 +151,12 @@ std::string yaml_of(const char* spec) {
 
 const QuantizerRole kRole{"grouped_linear", "weight", "experts"};
 
+// The formats whose plugin fills the quantize_grouped extra (the others take the engine's
+// loop); tests/test_grouped_quantize.cpp kFormatsWithExtra lists the same.
+bool has_extra(const std::string& format) {
+  return format == "float8" || format == "mxfp8" || format == "blockwise" || format == "nvfp4";
+}
+
 }  // namespace
 
 TEST_CASE("GPU grouped quantize == CPU reference of each group alone") {
@@ -162,13 +176,13 @@ TEST_CASE("GPU grouped quantize == CPU reference of each group alone") {
     }
     for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
       // f16 sources for the grouped kernels; the loop formats run f32 and bf16.
-      if (format != "float8" && format != "mxfp8" && dtype == DType::f16) continue;
+      if (!has_extra(format) && dtype == DType::f16) continue;
       for (const std::uint32_t usage : {1u, 2u, 3u}) {
         Engine cpu_engine(Recipe::parse(yaml_of(spec.yaml), "gpu-grouped.yaml"));
         Engine gpu_engine(Recipe::parse(yaml_of(spec.yaml), "gpu-grouped.yaml"));
         const auto cq = cpu_engine.resolve(kRole);
         const auto gq = gpu_engine.resolve(kRole);
-        CHECK(Engine::has_grouped_quantize(*gq) == (format == "float8" || format == "mxfp8"));
+        CHECK(Engine::has_grouped_quantize(*gq) == has_extra(format));
         std::uint64_t seed = 7;
         for (const Layout& l : all) {
           const std::string what = label + " " + std::string(dtype_name(dtype)) + " " +
@@ -232,7 +246,7 @@ TEST_CASE("GPU grouped quantize timing: one grouped call vs one quantize per gro
     int groups;
     std::int64_t rows, cols;
   };
-  for (const std::string format : {"float8", "mxfp8"}) {
+  for (const std::string format : {"float8", "mxfp8", "blockwise", "nvfp4"}) {
     if (!Registry::shared()->find(format)) continue;
     Engine engine(Recipe::parse(yaml_of(("{format: " + format + "}").c_str()), "grouped.yaml"));
     const auto q = engine.resolve(kRole);

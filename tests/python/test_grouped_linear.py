@@ -2,8 +2,8 @@
 quantized, qrecipe.nn.Linear under every shipped recipe) bit for bit, including experts with
 no rows; the single-parameter layout and its offsets; m_splits validation; the weight cache
 across micro-batches in both layouts (per expert, stale when the grouped weight changes); the
-single parameter quantized by one grouped engine call (``_C.quantize_grouped``: float8 and
-mxfp8 through their plugins' grouped extra, the other formats through the engine's per-group
+single parameter quantized by one grouped engine call (``_C.quantize_grouped``: float8, mxfp8,
+blockwise and nvfp4 through their plugins' grouped extra, hybrid through the engine's per-group
 loop) with each expert's bytes equal to quantizing it alone."""
 import pytest
 import torch
@@ -439,7 +439,7 @@ def test_quantize_grouped_equals_each_expert_quantized_alone(name):
     w[40, 3] = 500.0  # expert 2 alone has a large amax: per-tensor scales must be per expert
     got = _C.quantize_grouped(q, w, rows, 3)
     assert len(got) == len(rows)
-    assert _C.has_grouped_quantize(q) == (q.format in ("float8", "mxfp8"))
+    assert _C.has_grouped_quantize(q) == (q.format in ("float8", "mxfp8", "blockwise", "nvfp4"))
     for i, part in enumerate(w.split(rows)):
         assert (got[i].rows, got[i].cols) == (rows[i], IN)
         assert_same_buffers(got[i], rq.quantize(part.contiguous(), 3), f"{name} expert {i}")
@@ -506,7 +506,7 @@ def test_grouped_call_not_used_outside_autocast_or_for_unquantized_weights(
 @pytest.mark.parametrize("name", ["default", "float8_delayed", "mxfp8", "blockwise"])
 def test_grouped_on_cuda_matches_cpu_and_multi_layout(name, grouped_quantizations):
     from qrecipe import _C
-    # _C.quantize_grouped on CUDA (float8: the grouped kernels) == CPU bytes per expert.
+    # _C.quantize_grouped on CUDA (the formats' grouped kernels) == CPU bytes per expert.
     q_gpu = qrecipe.Recipe.builtin(name).engine.plan_linear("grouped_linear", "e", IN, OUT,
                                                             64)["weight"]
     q_cpu = qrecipe.Recipe.builtin(name).engine.plan_linear("grouped_linear", "e", IN, OUT,

@@ -25,11 +25,11 @@ engine call over the whole parameter (``_C.quantize_grouped``, Engine::quantize_
 expert's bytes and scales are exactly those of quantizing its rows alone (so the numbers above
 do not change). A format whose plugin provides the optional ``quantize_grouped`` extra does it
 in one plugin call (float8: one amax launch and one cast launch for all experts on the GPU;
-mxfp8: one launch); the other formats go through the engine's per-expert loop. It runs when
-the module quantizes its weight every call or at the first micro-batch
-(``is_first_microbatch`` None or True; the kept experts then go into the weight cache); later
-micro-batches reuse the cache (a stale expert is re-quantized on its own), and torch.compile
-traces the per-expert path.
+mxfp8, blockwise: one launch; nvfp4 without 2d and Hadamard: three); the other formats go
+through the engine's per-expert loop. It runs when the module quantizes its weight every call
+or at the first micro-batch (``is_first_microbatch`` None or True; the kept experts then go
+into the weight cache); later micro-batches reuse the cache (a stale expert is re-quantized on
+its own), and torch.compile traces the per-expert path.
 """
 from __future__ import annotations
 
