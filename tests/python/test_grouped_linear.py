@@ -45,8 +45,8 @@ def run_grouped(module, x, dy, splits, recipe=None, enabled=True):
         y = module(x, splits)
     y.backward(dy)
     if module.single_grouped_parameter:
-        wg = list(module.weight.grad.split(OUT))
-        bg = list(module.bias.grad.split(OUT)) if module.use_bias else []
+        wg = list(module.weight.grad.split(module.out_features))
+        bg = list(module.bias.grad.split(module.out_features)) if module.use_bias else []
     else:
         wg = [getattr(module, f"weight{i}").grad for i in range(module.num_gemms)]
         bg = [getattr(module, f"bias{i}").grad for i in range(module.num_gemms)] \
@@ -55,13 +55,18 @@ def run_grouped(module, x, dy, splits, recipe=None, enabled=True):
 
 
 def run_separate(layers, x, dy, splits, recipe=None, enabled=True):
+    """The separate layers' forwards, then their backwards one by one in expert order: the
+    order a grouped call quantizes the experts' gradients in (a stochastic-rounding role
+    gives each call the next offset, so the order decides which expert gets which)."""
     x = x.detach().clone().requires_grad_()
     for layer in layers:
         layer.zero_grad(set_to_none=True)
     with qrecipe.autocast(recipe, enabled=enabled):
-        y = torch.cat([layer(xi) for layer, xi in zip(layers, x.split(splits))])
-    y.backward(dy)
-    return ([y.detach(), x.grad] + [layer.weight.grad for layer in layers]
+        ys = [layer(xi) for layer, xi in zip(layers, x.split(splits))]
+    for yi, dyi in zip(ys, dy.split(splits)):
+        yi.backward(dyi)
+    y = torch.cat([yi.detach() for yi in ys])
+    return ([y, x.grad] + [layer.weight.grad for layer in layers]
             + [layer.bias.grad for layer in layers if layer.bias is not None])
 
 
@@ -503,7 +508,7 @@ def test_grouped_call_not_used_outside_autocast_or_for_unquantized_weights(
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("name", ["default", "float8_delayed", "mxfp8", "blockwise"])
+@pytest.mark.parametrize("name", ["default", "float8_delayed", "mxfp8", "blockwise", "nvfp4"])
 def test_grouped_on_cuda_matches_cpu_and_multi_layout(name, grouped_quantizations):
     from qrecipe import _C
     # _C.quantize_grouped on CUDA (the formats' grouped kernels) == CPU bytes per expert.
@@ -532,3 +537,135 @@ def test_grouped_on_cuda_matches_cpu_and_multi_layout(name, grouped_quantization
         a = run_grouped(single, x, dy, SPLITS, r_single)
         assert grouped_quantizations == [(3, 3)]
         assert_all_equal(a, run_grouped(multi, x, dy, SPLITS, r_multi))
+    # ... and equals separate qrecipe.nn.Linear layers on CUDA (their inputs and gradients
+    # quantized one by one, the module's by one grouped call each).
+    layers = [layer.cuda() for layer in separate_layers(single, qrecipe.nn.Linear,
+                                                        name=single.name)]
+    x = torch.randn(sum(SPLITS), IN, device="cuda")
+    dy = torch.randn(sum(SPLITS), OUT, device="cuda")
+    assert_all_equal(run_grouped(single, x, dy, SPLITS, qrecipe.Recipe.builtin(name)),
+                     run_separate(layers, x, dy, SPLITS, qrecipe.Recipe.builtin(name)))
+
+
+# ------------------------------------------------------------------ grouped inputs and gradients
+@pytest.fixture
+def row_quantizations(monkeypatch):
+    """(role type, number of groups, usage) of every grouped quantization of the experts'
+    inputs and output gradients, and the role type of every per-tensor quantization of an
+    input or gradient made by qrecipe.nn.linear_function (there should be none)."""
+    from qrecipe.nn import grouped_linear_function, linear_function
+    grouped_calls, single_calls = [], []
+    original_rows = grouped_linear_function._quantize_rows
+    original_one = linear_function._quantize
+
+    def kind(quantizer):
+        return next(t for t in ("input", "grad_output", "weight") if f":{t}@" in quantizer.role)
+
+    def counting_rows(quantizer, tensor, group_rows, usage):
+        grouped_calls.append((kind(quantizer), len(group_rows), usage))
+        return original_rows(quantizer, tensor, group_rows, usage)
+
+    def counting_one(quantizer, tensor, usage):
+        if kind(quantizer) != "weight":
+            single_calls.append(kind(quantizer))
+        return original_one(quantizer, tensor, usage)
+
+    monkeypatch.setattr(grouped_linear_function, "_quantize_rows", counting_rows)
+    monkeypatch.setattr(linear_function, "_quantize", counting_one)
+    return grouped_calls, single_calls
+
+
+@pytest.mark.parametrize("name", GROUPED_RECIPES)
+@pytest.mark.parametrize("single", [True, False])
+def test_inputs_and_gradients_are_quantized_by_one_grouped_call_each(name, single,
+                                                                     row_quantizations):
+    grouped_calls, single_calls = row_quantizations
+    dtype = DTYPE.get(name, torch.float32)
+    module = grouped(single, dtype=dtype)
+    recipe = qrecipe.Recipe.builtin(name)
+    plan = recipe.engine.plan_linear("grouped_linear", module.name, IN, OUT, 64)
+    x = torch.randn(sum(SPLITS), IN, dtype=dtype)
+    run_grouped(module, x, torch.randn(sum(SPLITS), OUT, dtype=dtype), SPLITS, recipe)
+    # Forward: every expert's input, both directions (fprop and wgrad); backward: every
+    # expert's output gradient, both directions (dgrad and wgrad). Roles of format none
+    # stay in high precision.
+    want = [(role, 3, 3) for role in ("input", "grad_output") if plan[role] is not None]
+    assert grouped_calls == want and single_calls == []
+    del grouped_calls[:]
+    with torch.no_grad(), qrecipe.autocast(recipe):
+        module(x, SPLITS)
+    assert grouped_calls == [want[0][:2] + (1,)] if plan["input"] is not None else []
+    # Under torch.no_grad only rowwise copies of the inputs, and nothing for gradients.
+
+
+@pytest.mark.parametrize("name", ["default", "float8_delayed", "nvfp4"])
+def test_frozen_expert_quantizes_per_expert_and_still_matches_separate_layers(
+        name, row_quantizations):
+    """Experts that disagree on needing a weight gradient need different directions of their
+    inputs and gradients: those are quantized expert by expert, with the same numbers."""
+    grouped_calls, single_calls = row_quantizations
+    dtype = DTYPE.get(name, torch.float32)
+    module = grouped(False, dtype=dtype)
+    module.weight1.requires_grad_(False)
+    module.bias1.requires_grad_(False)
+    layers = separate_layers(module, qrecipe.nn.Linear, name=module.name)
+    layers[1].weight.requires_grad_(False)
+    layers[1].bias.requires_grad_(False)
+    splits = [32, 16, 64]
+    x = torch.randn(sum(splits), IN, dtype=dtype)
+    dy = torch.randn(sum(splits), OUT, dtype=dtype)
+    got = run_grouped(module, x, dy, splits, qrecipe.Recipe.builtin(name))
+    assert grouped_calls == [] and sorted(set(single_calls)) == ["grad_output", "input"]
+    want = run_separate(layers, x, dy, splits, qrecipe.Recipe.builtin(name))
+    # weight1 and bias1 get no gradient on either side.
+    assert got[3] is None and want[3] is None and got[6] is None and want[6] is None
+    got, want = got[:3] + got[4:6] + got[7:], want[:3] + want[4:6] + want[7:]
+    assert_all_equal(got, want)
+
+
+def test_backward_keeps_only_the_columnwise_copies_and_frees_them():
+    """What the one autograd node keeps per expert: the columnwise copies of its input (for
+    wgrad) and of its weight (for dgrad), as a Linear keeps; all freed by backward."""
+    import gc
+    from qrecipe import _C
+    module = grouped()
+    x = torch.randn(sum(SPLITS), IN, requires_grad=True)
+    with qrecipe.autocast():
+        gc.collect()
+        before = _C.live_allocations()
+        y = module(x, SPLITS)
+        saved = y.grad_fn.saved_q
+        assert len(saved) == 3
+        for x_op, w_op in saved:
+            assert x_op.has("columnwise") and not x_op.has("rowwise")
+            assert w_op.has("columnwise") and not w_op.has("rowwise")
+        del saved, x_op, w_op
+        y.backward(torch.randn_like(y))
+        del y
+        gc.collect()
+        after = _C.live_allocations()
+    assert after == before
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["default", "blockwise", "mxfp8"])
+def test_odd_widths_match_separate_layers(name, device):
+    """Widths whose experts' output rows do not start on 16-byte boundaries (13 FP32 columns):
+    those GEMMs write through a fresh tensor and a copy, with the same numbers."""
+    n_in, n_out, splits = 19, 13, [3, 0, 5, 8]
+    module = qrecipe.nn.GroupedLinear(len(splits), n_in, n_out, name="moe.odd").to(device)
+    layers = [qrecipe.nn.Linear(n_in, n_out, name="moe.odd").to(device)
+              for _ in splits]
+    for layer, w, b in zip(layers, module.expert_weights(), module.expert_biases()):
+        with torch.no_grad():
+            layer.weight.copy_(w)
+            layer.bias.copy_(b)
+    x = torch.randn(sum(splits), n_in, device=device)
+    dy = torch.randn(sum(splits), n_out, device=device)
+    got = run_grouped(module, x, dy, splits, qrecipe.Recipe.builtin(name))
+    want = run_separate(layers, x, dy, splits, qrecipe.Recipe.builtin(name))
+    assert_all_equal(got, want)
+

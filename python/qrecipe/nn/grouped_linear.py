@@ -11,10 +11,9 @@ contiguous Parameter ``weight`` of shape [num_gemms * out, in]: expert ``i`` is 
 expert ``i`` at ``[i*out, (i+1)*out)``); otherwise ``weight0`` .. ``weight{n-1}`` and
 ``bias0`` .. ``bias{n-1}`` as in TransformerEngine.
 
-Numerics: each expert is exactly a ``qrecipe.nn.Linear`` on its rows (the same
-``quantized_linear`` call, each expert's input and weight quantized as tensors of their
-own, so their scales are those separate layers would have); outputs are concatenated in
-expert order. Roles: module_type ``grouped_linear``, name = the module's name for every
+Numerics: each expert is exactly a ``qrecipe.nn.Linear`` on its rows (the same GEMMs, each
+expert's input, weight and output gradient quantized as tensors of their own, so their scales
+are those separate layers would have); outputs are concatenated in expert order. Roles: module_type ``grouped_linear``, name = the module's name for every
 expert, so the experts share one quantizer per role: a delayed-scaling role keeps one amax
 history for all experts (their max), and a stochastic-rounding role one call counter. An
 expert with no rows still runs (empty GEMMs), so every expert's weight gets a gradient (zero)
@@ -29,7 +28,9 @@ mxfp8, blockwise: one launch; nvfp4 without 2d and Hadamard: three); the other f
 through the engine's per-expert loop. It runs when the module quantizes its weight every call
 or at the first micro-batch (``is_first_microbatch`` None or True; the kept experts then go
 into the weight cache); later micro-batches reuse the cache (a stale expert is re-quantized on
-its own), and torch.compile traces the per-expert path.
+its own). Under autocast the experts' GEMMs are one autograd node (grouped_linear_function.py)
+whose forward quantizes all experts' inputs with one grouped call and whose backward does the
+same for their output gradients; torch.compile traces the per-expert path instead.
 """
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ from .._engine import _C
 from ..quantized_param import QuantizedInitMixin, QuantizedWeight
 from . import weight_cache as _weight_cache
 from .base import QuantizedModule, init_linear_parameters, register_linear_parameters
+from .grouped_linear_function import GroupedCall, GroupedLinearFunction, grouped_forward
+from .linear_function import weight_operand_of
 
 Splits = Union[Sequence[int], torch.Tensor]
 _ROWWISE, _COLUMNWISE = 1, 2
@@ -204,38 +207,66 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
         splits = self._check_splits(m_splits, x)
         if self.fuse_wgrad_accumulation and self.single_grouped_parameter:
             self._attach_main_grad_views(weights)
+        recipe = _autocast.current_recipe()
+        roles = None
+        if recipe is not None and not torch.compiler.is_compiling():
+            tokens = x.numel() // self.in_features if self.in_features else 0
+            roles = self.roles(recipe, tokens)
+        if roles is None or roles.all_none:
+            # Outside autocast, nothing quantized (F.linear per expert), or while
+            # torch.compile traces (each expert one traced operator): expert by expert.
+            xs = x.reshape(-1, self.in_features).split(splits, dim=0)
+            outs = [self._linear(xi, wi, bi, "", is_first_microbatch,
+                                 self.fuse_wgrad_accumulation,
+                                 (self.weight, i) if self.single_grouped_parameter else None)
+                    for i, (xi, wi, bi) in enumerate(zip(xs, weights, self.expert_biases()))]
+            return torch.cat(outs, dim=0).reshape(*x.shape[:-1], self.out_features)
+        _autocast.note_step_activity(recipe)
+        return self._grouped_forward(x, splits, weights, roles, is_first_microbatch)
+
+    def _grouped_forward(self, x: torch.Tensor, splits: List[int], weights: List[torch.Tensor],
+                         roles, is_first_microbatch: Optional[bool]) -> torch.Tensor:
+        """Every expert under `roles` as one autograd node (grouped_linear_function.py): the
+        experts' inputs and output gradients each quantized by one grouped call."""
+        biases = self.expert_biases()
+        grad = torch.is_grad_enabled()
+        need_dgrad = grad and x.requires_grad
+        need_wgrad = [grad and w.requires_grad for w in weights]
+        needs_bias_grad = grad and any(b is not None and b.requires_grad for b in biases)
         grouped = self.single_grouped_parameter and not isinstance(self.weight, QuantizedWeight)
-        operands = (self._grouped_weight_operands(x, weights, is_first_microbatch)
-                    if grouped else None)
-        xs = x.reshape(-1, self.in_features).split(splits, dim=0)
-        outs = []
-        for i, (xi, wi, bi) in enumerate(zip(xs, weights, self.expert_biases())):
-            op = None if operands is None else operands[i]
-            outs.append(self._linear(xi, wi, bi, "", is_first_microbatch,
-                                     self.fuse_wgrad_accumulation,
-                                     (self.weight, i) if grouped else None, weight_operand=op))
-            if op is not None and is_first_microbatch is None and op.has("columnwise") and \
-                    op.has("rowwise"):
-                op.drop("rowwise")  # fprop is done; backward (dgrad) keeps the columnwise copy
-        return torch.cat(outs, dim=0).reshape(*x.shape[:-1], self.out_features)
+        weight_ops = (self._grouped_weight_operands(x, weights, is_first_microbatch, roles)
+                      if grouped else None)
+        trim = weight_ops is not None and is_first_microbatch is None
+        if weight_ops is None:
+            who = self._who()
+            weight_ops = [weight_operand_of(w, roles, need_dgrad, is_first_microbatch, who,
+                                            (self.weight, i) if grouped else None)
+                          for i, w in enumerate(weights)]
+        fuse = self.fuse_wgrad_accumulation
+        call = GroupedCall(splits=splits, roles=roles, weight_ops=weight_ops,
+                           need_dgrad=need_dgrad, need_wgrad=need_wgrad,
+                           main_grad_weights=[w if fuse else None for w in weights],
+                           trim_weight_ops=trim)
+        if not (need_dgrad or any(need_wgrad) or needs_bias_grad):
+            y, _ = grouped_forward(x, call, weights, biases, saving=False)
+            return y.reshape(*x.shape[:-1], self.out_features)
+        bias_params = biases if self.use_bias else []
+        return GroupedLinearFunction.apply(x, call, *weights, *bias_params)
 
     def _grouped_weight_operands(self, x: torch.Tensor, weights: List[torch.Tensor],
-                                 is_first_microbatch: Optional[bool]) -> Optional[list]:
+                                 is_first_microbatch: Optional[bool],
+                                 roles) -> Optional[list]:
         """Every expert's quantized weight from ONE grouped quantization of the single
         parameter, with the directions the experts' GEMMs need (as quantized_linear would
-        ask for each), or None when the per-expert path applies: outside autocast, a weight
-        role of format none, a later micro-batch (is_first_microbatch=False: the weight cache
-        decides), or while torch.compile traces. At the first micro-batch the experts' operands
-        are kept in the weight cache, exactly as quantizing each expert there would."""
+        ask for each), or None when each expert's weight is taken on its own: a weight role
+        of format none, or a later micro-batch (is_first_microbatch=False: the weight cache
+        decides). At the first micro-batch the experts' operands are kept in the weight
+        cache, exactly as quantizing each expert there would."""
+        if not (is_first_microbatch is None or is_first_microbatch is True):
+            return None
+        if roles.weight is None:
+            return None
         recipe = _autocast.current_recipe()
-        if recipe is None or not (is_first_microbatch is None or is_first_microbatch is True):
-            return None
-        if torch.compiler.is_compiling():
-            return None
-        tokens = x.numel() // self.in_features if self.in_features else 0
-        roles = self.roles(recipe, tokens)
-        if roles.all_none or roles.weight is None:
-            return None
         grad = torch.is_grad_enabled()
         usage = _ROWWISE | (_COLUMNWISE if grad and x.requires_grad else 0)
         if is_first_microbatch and grad:

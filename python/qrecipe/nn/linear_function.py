@@ -88,13 +88,21 @@ def _gemm_output(rows: int, cols: int, like: torch.Tensor,
 
 def _gemm(kind: str, a, direction_a: str, b, direction_b: str, rows: int, cols: int,
           like: torch.Tensor, out_dtype: torch.dtype,
-          bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+          bias: Optional[torch.Tensor] = None,
+          into: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One engine GEMM into a new [rows, cols] tensor on `like`'s device. The engine writes
     FP32 or BF16 itself (rounding the FP32 accumulator once, after the FP32 bias); other
-    dtypes are written as FP32 and converted."""
-    out = _gemm_output(rows, cols, like, out_dtype)
+    dtypes are written as FP32 and converted. `into`: a contiguous [rows, cols] tensor of
+    `out_dtype` (rows of a larger output) that receives the result instead; returned. The
+    GEMM writes it directly when it starts on a 16-byte boundary (what a fresh tensor gives
+    cuBLASLt; rows of an odd width may not), else through a fresh tensor and a copy."""
+    direct = out_dtype in (torch.float32, torch.bfloat16)
+    out = (into if into is not None and direct and into.data_ptr() % 16 == 0
+           else _gemm_output(rows, cols, like, out_dtype))
     fp32_bias = None if bias is None else bias.detach().float().contiguous()
     _C.gemm(a, direction_a, b, direction_b, out, kind=kind, bias=fp32_bias)
+    if into is not None and out is not into:
+        return into.copy_(out)  # converts FP32 to `out_dtype` too
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
@@ -128,21 +136,26 @@ def _overlap_backward(plan: dict, dy: torch.Tensor, macs: int) -> bool:
 
 
 def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                   roles: LinearRoles, need_dgrad: bool, need_wgrad: bool, weight_op=None):
+                   roles: LinearRoles, need_dgrad: bool, need_wgrad: bool, weight_op=None,
+                   x_op=None, y_into: Optional[torch.Tensor] = None):
     """Returns (y, saved) where saved = (x operand for wgrad, W operand for dgrad).
 
     `weight_op`: an already quantized weight operand holding the directions needed (a cached
-    or a stored one); it is used as is and never trimmed."""
+    or a stored one); it is used as is and never trimmed. `x_op`: `x` already quantized by
+    the caller with the directions needed (GroupedLinear's grouped quantization of every
+    expert's rows); it becomes the saved operand. `y_into`: the [tokens, out] tensor (rows
+    of a larger output) fprop writes into."""
     in_features = weight.shape[1]
     x2 = x.reshape(-1, in_features).contiguous()
-    x_op = _operand(roles.input, x2, _ROWWISE | (_COLUMNWISE if need_wgrad else 0))
+    if x_op is None:
+        x_op = _operand(roles.input, x2, _ROWWISE | (_COLUMNWISE if need_wgrad else 0))
     if weight_op is not None:
         w_op = weight_op
     else:
         w_op = _operand(roles.weight, weight.contiguous(),
                         _ROWWISE | (_COLUMNWISE if need_dgrad else 0))
     y = _gemm("fprop", x_op, "rowwise", w_op, "rowwise", x2.shape[0], weight.shape[0], x,
-              x.dtype, bias)
+              x.dtype, bias, into=y_into)
     y = y.reshape(*x.shape[:-1], weight.shape[0])
     saved_x = _keep_columnwise(x_op) if need_wgrad else None
     saved_w = None
@@ -179,56 +192,79 @@ class LinearFunction(torch.autograd.Function):
         dense_x, dense_w = ctx.saved_tensors
         saved_x = ctx.saved_q[0] if ctx.saved_q[0] is not None else dense_x
         saved_w = ctx.saved_q[1] if ctx.saved_q[1] is not None else dense_w
-        out_features = ctx.roles.plan["out_features"]
-        dy2 = dy.reshape(-1, out_features).contiguous()
-        tokens = dy2.shape[0]
-        need_dgrad = ctx.need_dgrad and ctx.needs_input_grad[0]
-        need_wgrad = ctx.need_wgrad and ctx.needs_input_grad[1]
-        dx = dw = db = None
-        usage = (_ROWWISE if need_dgrad else 0) | (_COLUMNWISE if need_wgrad else 0)
-        if usage:
-            in_features = ctx.x_shape[-1]
-            dy_op = _operand(ctx.roles.grad_output, dy2, usage)
-            wgrad_out = None
-            if need_wgrad:
-                # main_grad: out = dy^T x + main_grad in FP32, in the GEMM's epilogue; no
-                # .grad (as TE). Either output is made here, on the current stream.
-                wgrad_out = _main_grad_of(ctx.main_grad_weight, out_features, in_features,
-                                          dy.device) \
-                    if ctx.main_grad_weight is not None else \
-                    _gemm_output(out_features, in_features, dy, ctx.w_dtype)
-
-            def wgrad():
-                _C.gemm(dy_op, "columnwise", saved_x, "columnwise", wgrad_out,
-                        accumulate=ctx.main_grad_weight is not None, kind="wgrad")
-
-            def dgrad():
-                return _gemm("dgrad", dy_op, "rowwise", saved_w, "columnwise", tokens,
-                             in_features, dy, ctx.x_dtype).reshape(ctx.x_shape)
-
-            if need_dgrad and need_wgrad and _overlap_backward(
-                    ctx.roles.plan, dy2, tokens * in_features * out_features):
-                current = torch.cuda.current_stream(dy.device)
-                side = _wgrad_stream(dy.device)
-                side.wait_stream(current)  # dy_op, saved_x and wgrad_out are ready there
-                with torch.cuda.stream(side):
-                    wgrad()
-                dx = dgrad()
-                # Everything later on the current stream (using dw, freeing dy_op, saved_x or
-                # wgrad_out, whose memory belongs to it) comes after wgrad.
-                current.wait_stream(side)
-            else:
-                if need_dgrad:
-                    dx = dgrad()
-                if need_wgrad:
-                    wgrad()
-            if need_wgrad and ctx.main_grad_weight is None:
-                dw = wgrad_out if wgrad_out.dtype == ctx.w_dtype else wgrad_out.to(ctx.w_dtype)
+        dy2 = dy.reshape(-1, ctx.roles.plan["out_features"]).contiguous()
+        dx, dw = linear_backward(dy2, saved_x, saved_w, ctx.roles, x_shape=ctx.x_shape,
+                                 x_dtype=ctx.x_dtype, w_dtype=ctx.w_dtype,
+                                 need_dgrad=ctx.need_dgrad and ctx.needs_input_grad[0],
+                                 need_wgrad=ctx.need_wgrad and ctx.needs_input_grad[1],
+                                 main_grad_weight=ctx.main_grad_weight)
+        db = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.float().sum(0).to(ctx.bias_dtype)
         ctx.saved_q = None
         ctx.main_grad_weight = None
         return dx, dw, db, None, None, None, None, None
+
+
+def backward_usage(need_dgrad: bool, need_wgrad: bool) -> int:
+    """The directions of dy its backward GEMMs read: rowwise for dgrad, columnwise for wgrad."""
+    return (_ROWWISE if need_dgrad else 0) | (_COLUMNWISE if need_wgrad else 0)
+
+
+def linear_backward(dy2: torch.Tensor, saved_x, saved_w, roles: LinearRoles, *, x_shape,
+                    x_dtype: torch.dtype, w_dtype: torch.dtype, need_dgrad: bool,
+                    need_wgrad: bool, main_grad_weight: Optional[torch.Tensor] = None,
+                    dy_op=None, dx_into: Optional[torch.Tensor] = None):
+    """dgrad and wgrad of one linear layer from what its forward saved; returns (dx, dw).
+
+    `dy2`: the [tokens, out] contiguous output gradient. dx has `x_shape` (written into
+    `dx_into`, rows of a larger input gradient, when given); dw is in `w_dtype`, or None when
+    wgrad accumulates into ``main_grad_weight.main_grad`` (FP32, in the GEMM's epilogue; no
+    .grad, as TE). `dy_op`: dy already quantized by the caller with the directions needed
+    (GroupedLinear's grouped quantization)."""
+    dx = dw = None
+    usage = backward_usage(need_dgrad, need_wgrad)
+    if not usage:
+        return dx, dw
+    tokens, out_features = dy2.shape
+    in_features = x_shape[-1]
+    if dy_op is None:
+        dy_op = _operand(roles.grad_output, dy2, usage)
+    wgrad_out = None
+    if need_wgrad:
+        # Either output is made here, on the current stream.
+        wgrad_out = _main_grad_of(main_grad_weight, out_features, in_features, dy2.device) \
+            if main_grad_weight is not None else \
+            _gemm_output(out_features, in_features, dy2, w_dtype)
+
+    def wgrad():
+        _C.gemm(dy_op, "columnwise", saved_x, "columnwise", wgrad_out,
+                accumulate=main_grad_weight is not None, kind="wgrad")
+
+    def dgrad():
+        dx = _gemm("dgrad", dy_op, "rowwise", saved_w, "columnwise", tokens, in_features,
+                   dy2, x_dtype, into=dx_into)
+        return dx if dx_into is not None else dx.reshape(x_shape)
+
+    if need_dgrad and need_wgrad and _overlap_backward(
+            roles.plan, dy2, tokens * in_features * out_features):
+        current = torch.cuda.current_stream(dy2.device)
+        side = _wgrad_stream(dy2.device)
+        side.wait_stream(current)  # dy_op, saved_x and wgrad_out are ready there
+        with torch.cuda.stream(side):
+            wgrad()
+        dx = dgrad()
+        # Everything later on the current stream (using dw, freeing dy_op, saved_x or
+        # wgrad_out, whose memory belongs to it) comes after wgrad.
+        current.wait_stream(side)
+    else:
+        if need_dgrad:
+            dx = dgrad()
+        if need_wgrad:
+            wgrad()
+    if need_wgrad and main_grad_weight is None:
+        dw = wgrad_out if wgrad_out.dtype == w_dtype else wgrad_out.to(w_dtype)
+    return dx, dw
 
 
 def _main_grad_of(weight: torch.Tensor, rows: int, cols: int, device: torch.device):
@@ -302,22 +338,32 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
                                    fuse_wgrad_accumulation, who, weight_group, weight_operand)
 
 
+def weight_operand_of(weight: torch.Tensor, roles: LinearRoles, need_dgrad: bool,
+                      is_first_microbatch: Optional[bool], who: str,
+                      weight_group: Optional[Tuple[torch.Tensor, int]] = None):
+    """The quantized weight operand of one GEMM call, or None when the weight stays in high
+    precision (format none): a QuantizedWeight's stored bytes, else the weight quantized now
+    or taken from the weight cache (`is_first_microbatch`, weight_cache.py)."""
+    if isinstance(weight, QuantizedWeight):
+        return _stored_weight_operand(weight, need_dgrad, who)
+    if roles.weight is None:
+        return None
+    return cached_weight_operand(
+        weight, roles.weight, _ROWWISE | (_COLUMNWISE if need_dgrad else 0),
+        is_first_microbatch, lambda q, t, u: _quantize(q, t, u), who, _scaling_generation(),
+        weight_group)
+
+
 def _quantized_linear_eager(x, weight, bias, roles, is_first_microbatch,
                             fuse_wgrad_accumulation, who, weight_group, weight_operand=None):
     grad = torch.is_grad_enabled()
     need_dgrad = grad and x.requires_grad
     need_wgrad = grad and weight.requires_grad
     needs_bias_grad = grad and bias is not None and bias.requires_grad
-    weight_op = None
-    if weight_operand is not None:
-        weight_op = weight_operand  # quantized by the caller (a grouped quantization)
-    elif isinstance(weight, QuantizedWeight):
-        weight_op = _stored_weight_operand(weight, need_dgrad, who)
-    elif roles.weight is not None:
-        weight_op = cached_weight_operand(
-            weight, roles.weight, _ROWWISE | (_COLUMNWISE if need_dgrad else 0),
-            is_first_microbatch, lambda q, t, u: _quantize(q, t, u), who,
-            _scaling_generation(), weight_group)
+    weight_op = weight_operand  # quantized by the caller (a grouped quantization), or None
+    if weight_op is None:
+        weight_op = weight_operand_of(weight, roles, need_dgrad, is_first_microbatch, who,
+                                      weight_group)
     if not (need_dgrad or need_wgrad or needs_bias_grad):
         return linear_forward(x, weight, bias, roles, False, False, weight_op)[0]
     return LinearFunction.apply(x, weight, bias, roles, need_dgrad, need_wgrad, weight_op,
