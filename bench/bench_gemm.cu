@@ -272,7 +272,8 @@ struct Config {
   const char* b_spec;
   qrecipe::GemmKind kind;
   Raw raw;             // the raw cuBLASLt GEMM it is compared with
-  bool bias = false;   // an FP32 bias (the raw GEMM has none)
+  bool bias = false;   // a bias (the raw GEMM has none)
+  qrecipe::DType bias_dtype = qrecipe::DType::f32;
 };
 
 constexpr const char* kE4M3 = "{format: float8, scaling: current, dtype: e4m3}";
@@ -291,6 +292,9 @@ const Config kConfigs[] = {
     {"blockwise 1x128 x 128x128", kBlock1, kBlock128, qrecipe::GemmKind::fprop, Raw::fp8},
     {"blockwise 1x128 x 1x128", kBlock1, kBlock1, qrecipe::GemmKind::fprop, Raw::fp8},
     {"float8 e4m3 x e4m3 fprop + bias", kE4M3, kE4M3, qrecipe::GemmKind::fprop, Raw::fp8, true},
+    // A BF16 model's bias: added inside cuBLASLt's epilogue (the FP32 one needs a pass of its own).
+    {"float8 e4m3 x e4m3 fprop + bf16 bias", kE4M3, kE4M3, qrecipe::GemmKind::fprop, Raw::fp8, true,
+     qrecipe::DType::bf16},
     {"mxfp8 x mxfp8 (emulated)", kMxfp8, kMxfp8, qrecipe::GemmKind::fprop, Raw::bf16},
     {"nvfp4 x nvfp4 (emulated)", kNvfp4, kNvfp4, qrecipe::GemmKind::fprop, Raw::bf16},
     {"float8 e4m3 x mxfp8 (emulated, mixed)", kE4M3, kMxfp8, qrecipe::GemmKind::fprop, Raw::bf16},
@@ -485,10 +489,14 @@ std::optional<Record> measure(const Options& o, const Config& c, const Shape& s,
   go.stream = stream;
   std::unique_ptr<Tensor> bias;
   if (c.bias) {
-    bias = std::make_unique<Tensor>(DType::f32, std::vector<std::int64_t>{s.n}, Device::cuda(0), cuda_allocator());
-    fill_f32_kernel<<<grid_for(prop), kThreads, 0, stream>>>(bias->data_as<float>(), static_cast<std::size_t>(s.n), 13);
+    bias = std::make_unique<Tensor>(c.bias_dtype, std::vector<std::int64_t>{s.n}, Device::cuda(0), cuda_allocator());
+    if (c.bias_dtype == DType::bf16)
+      fill_bf16_kernel<<<grid_for(prop), kThreads, 0, stream>>>(bias->data_as<std::uint16_t>(), static_cast<std::size_t>(s.n), 13);
+    else
+      fill_f32_kernel<<<grid_for(prop), kThreads, 0, stream>>>(bias->data_as<float>(), static_cast<std::size_t>(s.n), 13);
     BENCH_CUDA(cudaGetLastError());
-    go.bias = bias->data_as<float>();
+    go.bias = bias->view().data();
+    go.bias_dtype = c.bias_dtype;
   }
   GemmPlan plan;
   try {

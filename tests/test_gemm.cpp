@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -133,6 +134,39 @@ TEST_CASE("epilogue: alpha, accumulate, bias, bf16 output") {
   std::vector<float> out32(static_cast<std::size_t>(m * n));
   gemm(A, B, TensorView(out32.data(), DType::f32, {m, n}));
   for (std::int64_t i = 0; i < m * n; ++i) CHECK(out16[i] == num::f32_to_bf16(out32[i]));
+}
+
+TEST_CASE("a BF16 bias gives the numbers of its FP32 copy; other bias dtypes are rejected") {
+  const std::int64_t m = 5, n = 7, k = 9;
+  auto a = random_normal(static_cast<std::size_t>(m * k), 17);
+  auto b = random_normal(static_cast<std::size_t>(n * k), 18);
+  const auto A = GemmOperand::dense(TensorView(a.data(), DType::f32, {m, k}), QR_DIRECTION_ROWWISE);
+  const auto B = GemmOperand::dense(TensorView(b.data(), DType::f32, {n, k}), QR_DIRECTION_ROWWISE);
+  std::vector<std::uint16_t> bias16(static_cast<std::size_t>(n));
+  std::vector<float> bias32(static_cast<std::size_t>(n));
+  const auto values = random_normal(static_cast<std::size_t>(n), 19);
+  for (std::size_t j = 0; j < bias16.size(); ++j) {
+    bias16[j] = num::f32_to_bf16(values[j] * 3.0f);
+    bias32[j] = num::bf16_to_f32(bias16[j]);
+  }
+  for (const DType out_dtype : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(out_dtype));
+    std::vector<float> with16(static_cast<std::size_t>(m * n)), with32(with16.size());
+    GemmOptions o16, o32;
+    o16.bias = bias16.data();
+    o16.bias_dtype = DType::bf16;
+    o32.bias = bias32.data();
+    gemm(A, B, TensorView(with16.data(), out_dtype, {m, n}), o16);
+    gemm(A, B, TensorView(with32.data(), out_dtype, {m, n}), o32);
+    const std::size_t bytes = static_cast<std::size_t>(m * n * dtype_bits(out_dtype) / 8);
+    CHECK(std::memcmp(with16.data(), with32.data(), bytes) == 0);
+  }
+  std::vector<float> out(static_cast<std::size_t>(m * n));
+  GemmOptions bad;
+  bad.bias = bias16.data();
+  bad.bias_dtype = DType::f16;
+  CHECK_THROWS_WITH_AS(gemm(A, B, TensorView(out.data(), DType::f32, {m, n}), bad),
+                       doctest::Contains("GEMM bias must be f32 or bf16, got f16"), Error);
 }
 
 TEST_CASE("shape and device errors name the operands") {

@@ -231,7 +231,7 @@ struct Key {
   std::int64_t b_rows, b_cols, b_ld;
   int d_type;
   std::int64_t m, n, k, ldd;
-  int bias, fast_accumulation, device_scalars;
+  int bias, bias_type, fast_accumulation, device_scalars;
   std::uint32_t align_a, align_b, align_d, align_bias;
   auto operator<=>(const Key&) const = default;
 };
@@ -243,7 +243,7 @@ Key make_key(const MatmulArgs& x) {
              static_cast<int>(x.b.type), static_cast<int>(x.b.op), static_cast<int>(x.b.scale_mode),
              x.b.scale != nullptr, x.b.rows, x.b.cols, x.b.ld,
              static_cast<int>(x.d_type), x.m, x.n, x.k, x.ldd,
-             x.bias != nullptr, x.fast_accumulation, x.device_scalars != nullptr,
+             x.bias != nullptr, static_cast<int>(x.bias_type), x.fast_accumulation, x.device_scalars != nullptr,
              alignment(x.a.data), alignment(x.b.data), alignment(x.d),
              x.bias ? alignment(x.bias) : 256u};
 }
@@ -307,6 +307,11 @@ std::unique_ptr<Prepared> prepare(const Api& lt, const MatmulArgs& x, const std:
     set_desc(lt, p->desc.desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, mode, "CUBLASLT_MATMUL_DESC_POINTER_MODE",
              what);
   }
+  if (x.bias) {
+    const std::int32_t type = x.bias_type;
+    set_desc(lt, p->desc.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, type,
+             "CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE", what);
+  }
   const std::uint32_t epilogue = x.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   set_desc(lt, p->desc.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue, "CUBLASLT_MATMUL_DESC_EPILOGUE",
            what);
@@ -359,7 +364,8 @@ std::string describe(const MatmulArgs& x) {
      << " k=" << x.k << ", A " << type_name(x.a.type) << " " << x.a.rows << "x" << x.a.cols
      << " ld " << x.a.ld << ", B " << type_name(x.b.type) << " " << x.b.rows << "x" << x.b.cols
      << " ld " << x.b.ld << ", D " << type_name(x.d_type) << " ld " << x.ldd
-     << (x.bias ? ", bias epilogue" : "") << (x.fast_accumulation ? ", fast accumulation" : "")
+     << (x.bias ? std::string(", ") + type_name(x.bias_type) + " bias epilogue" : std::string())
+     << (x.fast_accumulation ? ", fast accumulation" : "")
      << (x.device_scalars ? ", alpha/beta in device memory" : "")
      << " on cuda:" << x.device << "]";
   return os.str();

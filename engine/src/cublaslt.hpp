@@ -64,7 +64,8 @@ struct MatmulArgs {
   // read when the GEMM runs; alpha and beta above are then unused. The emulated GEMMs use it
   // to fold per-tensor factors that live on the device into alpha without a synchronization.
   const float* device_scalars = nullptr;
-  const float* bias = nullptr;       // device FP32 [m] added by the epilogue, or nullptr
+  const void* bias = nullptr;        // device [m] added by the epilogue, or nullptr
+  cudaDataType_t bias_type = CUDA_R_32F;  // FP32, or BF16 (an FP8 GEMM's BF16 output)
   bool fast_accumulation = false;    // FP8 only: CUBLASLT_MATMUL_DESC_FAST_ACCUM
   // The GEMM in words for error messages; called only when a message is built (the first call
   // of a combination, or a failure), so the hot path formats no strings.

@@ -126,6 +126,8 @@ GemmPlan gemm(const GemmOperand& a, const GemmOperand& b, const TensorView& out,
   QR_CHECK(out.dtype() == DType::f32 || out.dtype() == DType::bf16,
            "GEMM output must be f32 or bf16, got ", dtype_name(out.dtype()));
   QR_CHECK(out.is_contiguous(), "GEMM output must be contiguous");
+  QR_CHECK(options.bias_dtype == DType::f32 || options.bias_dtype == DType::bf16,
+           "GEMM bias must be f32 or bf16, got ", dtype_name(options.bias_dtype));
   const Device da = a.device(), db = b.device(), dout = out.device();
   if (!(da.is_cpu() && db.is_cpu() && dout.is_cpu())) {
     QR_CHECK_CODE(da == db && db == dout, QR_STATUS_UNSUPPORTED, "GEMM with A=", a.str(), " on ",
@@ -147,7 +149,17 @@ GemmPlan gemm(const GemmOperand& a, const GemmOperand& b, const TensorView& out,
   std::vector<float> acc(static_cast<std::size_t>(m * n));
   reference_gemm_f32(fa.data(), fb.data(), acc.data(), m, n, k);
 
-  // Epilogue, in this order: alpha * AB, + previous out (accumulate), + bias.
+  // Epilogue, in this order: alpha * AB, + previous out (accumulate), + bias (FP32, a BF16
+  // bias widened exactly).
+  std::vector<float> bias;
+  if (options.bias) {
+    bias.resize(static_cast<std::size_t>(n));
+    for (std::int64_t j = 0; j < n; ++j)
+      bias[static_cast<std::size_t>(j)] =
+          options.bias_dtype == DType::bf16
+              ? num::bf16_to_f32(static_cast<const std::uint16_t*>(options.bias)[j])
+              : static_cast<const float*>(options.bias)[j];
+  }
   for (std::int64_t i = 0; i < m; ++i) {
     for (std::int64_t j = 0; j < n; ++j) {
       const std::size_t idx = static_cast<std::size_t>(i * n + j);
@@ -155,12 +167,12 @@ GemmPlan gemm(const GemmOperand& a, const GemmOperand& b, const TensorView& out,
       if (out.dtype() == DType::f32) {
         float* o = out.data_as<float>();
         if (options.accumulate) v += o[idx];
-        if (options.bias) v += options.bias[j];
+        if (options.bias) v += bias[static_cast<std::size_t>(j)];
         o[idx] = v;
       } else {
         std::uint16_t* o = out.data_as<std::uint16_t>();
         if (options.accumulate) v += num::bf16_to_f32(o[idx]);
-        if (options.bias) v += options.bias[j];
+        if (options.bias) v += bias[static_cast<std::size_t>(j)];
         o[idx] = num::f32_to_bf16(v);
       }
     }

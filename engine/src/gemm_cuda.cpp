@@ -64,7 +64,7 @@ using detail::DeviceGuard;
 // (cudaFree of the old one waits for the work that used it) and is kept until the thread exits.
 // The set also holds the exactness flag's epoch (see "the emulated path"): the flag word lives in
 // kSlotScalars, after the four scalars.
-enum Slot { kSlotA = 0, kSlotB = 1, kSlotProduct = 2, kSlotScalars = 3, kSlots = 4 };
+enum Slot { kSlotA = 0, kSlotB = 1, kSlotProduct = 2, kSlotScalars = 3, kSlotBias = 4, kSlots = 5 };
 constexpr std::size_t kScalarsBytes = 64;  // [alpha, beta, alpha, 0] floats, then the flag word
 
 struct ScratchSet {
@@ -194,11 +194,25 @@ struct Context {
 
 // ---------------------------------------------------------------- 3. one product
 
+// The bias as FP32 for the engine's own epilogue kernels: the caller's FP32 bias, or its BF16
+// bias widened (exactly) into scratch on the GEMM's stream; nullptr without a bias.
+const float* f32_bias(const Context& c) {
+  if (!c.options.bias) return nullptr;
+  if (c.options.bias_dtype == DType::f32) return static_cast<const float*>(c.options.bias);
+  auto* widened = static_cast<float*>(
+      scratch(c.device, c.options.stream, kSlotBias, static_cast<std::size_t>(c.n) * sizeof(float)));
+  gemm_kernels::bf16_to_f32(static_cast<const std::uint16_t*>(c.options.bias), widened, c.n,
+                            c.options.stream);
+  return widened;
+}
+
 // out = alpha * A B^T (+ out) (+ bias) through cuBLASLt. The epilogue runs inside cuBLASLt when
-// it can do exactly what the reference does (FP32 bias only where the bias type is the output
-// type: non-FP8 inputs and an FP32 output); otherwise the product goes to an FP32 buffer (or to
-// the FP32 output itself) and a small kernel applies the reference epilogue, so the result never
-// depends on a BF16-rounded bias or a double rounding.
+// it can do exactly what the reference does: the bias in the output's type, which cuBLASLt
+// takes there (an FP32 bias with non-FP8 inputs and an FP32 output; a BF16 bias, exact by
+// construction, with FP8 inputs and a BF16 output: FP32 epilogue math, one rounding).
+// Otherwise the product goes to an FP32 buffer (or to the FP32 output itself) and a small
+// kernel applies the reference epilogue, so the result never depends on a BF16-rounded bias
+// or a double rounding.
 //
 // device_scalars (nullptr: the host alpha) is the 4-float array gemm_kernels::Scalars fills:
 // [alpha, beta] for a GEMM that writes the output, [alpha, 0] for one that writes the FP32
@@ -209,7 +223,8 @@ cublaslt::Outcome run_product(const Context& c, const Op& a, const Op& b, bool f
   const bool out_bf16 = c.out.dtype() == DType::bf16;
   // cuBLASLt's FP32 GEMM writes FP32 only: a BF16 output goes through the FP32 buffer below.
   const bool direct_ok = !(a.type == CUDA_R_32F && out_bf16);
-  const float* bias = c.options.bias;
+  const void* bias = c.options.bias;
+  const bool bias_bf16 = bias && c.options.bias_dtype == DType::bf16;
   cublaslt::MatmulArgs x;
   x.device = c.device;
   x.stream = c.options.stream;
@@ -223,16 +238,18 @@ cublaslt::Outcome run_product(const Context& c, const Op& a, const Op& b, bool f
   x.fast_accumulation = fast_accumulation;
   x.what = [&c] { return c.what(); };
 
-  const bool bias_native = bias && !fp8 && !out_bf16;
+  const bool bias_native = bias && (bias_bf16 ? fp8 && out_bf16 : !fp8 && !out_bf16);
   if (direct_ok && (!bias || bias_native || !out_bf16)) {
     x.d = c.out.data();
     x.d_type = out_bf16 ? CUDA_R_16BF : CUDA_R_32F;
     x.beta = c.options.accumulate ? 1.0f : 0.0f;
     x.bias = bias_native ? bias : nullptr;
+    x.bias_type = bias_bf16 ? CUDA_R_16BF : CUDA_R_32F;
     x.device_scalars = device_scalars;
     if (cublaslt::matmul(x, &why) == cublaslt::Outcome::done) {
       if (bias && !bias_native)  // FP32 output: add the bias last, as the reference does
-        gemm_kernels::add_bias_f32(static_cast<float*>(c.out.data()), bias, c.m, c.n, c.options.stream);
+        gemm_kernels::add_bias_f32(static_cast<float*>(c.out.data()), f32_bias(c), c.m, c.n,
+                                   c.options.stream);
       return cublaslt::Outcome::done;
     }
   }
@@ -245,7 +262,7 @@ cublaslt::Outcome run_product(const Context& c, const Op& a, const Op& b, bool f
   x.device_scalars = device_scalars ? device_scalars + 2 : nullptr;
   if (cublaslt::matmul(x, &why) == cublaslt::Outcome::unsupported) return cublaslt::Outcome::unsupported;
   gemm_kernels::finish(c.out.data(), out_bf16, static_cast<const float*>(x.d), c.options.alpha,
-                       c.options.accumulate, bias, c.m, c.n, c.options.stream);
+                       c.options.accumulate, f32_bias(c), c.m, c.n, c.options.stream);
   return cublaslt::Outcome::done;
 }
 
@@ -583,7 +600,7 @@ DType run_decoded(const Context& c, const OperandTraits& ta, const OperandTraits
       exact.alpha = c.options.alpha;
       exact.accumulate = c.options.accumulate;
       exact.old = saved;
-      exact.bias = c.options.bias;
+      exact.bias = f32_bias(c);
       exact.out = c.out.data();
       exact.out_bf16 = c.out.dtype() == DType::bf16;
       gemm_kernels::exact_gemm_if_flagged(exact, flag, c.device, stream);
@@ -611,7 +628,7 @@ void check_bias(const Context& c) {
   QR_CHECK((attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) &&
                attr.device == c.device,
            "GEMM ", c.what(), ": the bias must be device memory on cuda:", c.device,
-           " (FP32, one value per output column) for a CUDA GEMM; got a ",
+           " (FP32 or BF16, one value per output column) for a CUDA GEMM; got a ",
            attr.type == cudaMemoryTypeHost || attr.type == cudaMemoryTypeUnregistered
                ? "host pointer"
                : "pointer on cuda:" + std::to_string(attr.device));
@@ -651,7 +668,7 @@ GemmPlan gemm_cuda(const GemmOperand& a, const GemmOperand& b, const TensorView&
   if (c.m == 0 || c.n == 0) return plan;
   if (c.k == 0) {  // an empty sum: only the epilogue
     gemm_kernels::finish(out.data(), out.dtype() == DType::bf16, nullptr, options.alpha,
-                         options.accumulate, options.bias, c.m, c.n, options.stream);
+                         options.accumulate, f32_bias(c), c.m, c.n, options.stream);
     return plan;
   }
   if (plan.path == GemmPlan::Path::native) {

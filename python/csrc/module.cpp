@@ -142,13 +142,15 @@ void gemm(const py::object& a, const std::string& direction_a, const py::object&
   options.alpha = alpha;
   options.stream = current_stream(out);
   if (bias) {
-    QR_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->is_contiguous() &&
-                 bias->size(0) == out.size(-1) && bias->device() == out.device(),
-             "GEMM bias must be a contiguous 1-D torch.float32 tensor of ", out.size(-1),
-             " elements on ", out.device().str(), ", got ", c10::toString(bias->scalar_type()),
-             " of shape ", bias->sizes(), " on ", bias->device().str(),
-             " (pass bias.float().contiguous())");
-    options.bias = bias->data_ptr<float>();
+    QR_CHECK((bias->scalar_type() == at::kFloat || bias->scalar_type() == at::kBFloat16) &&
+                 bias->dim() == 1 && bias->is_contiguous() && bias->size(0) == out.size(-1) &&
+                 bias->device() == out.device(),
+             "GEMM bias must be a contiguous 1-D torch.float32 or torch.bfloat16 tensor of ",
+             out.size(-1), " elements on ", out.device().str(), ", got ",
+             c10::toString(bias->scalar_type()), " of shape ", bias->sizes(), " on ",
+             bias->device().str(), " (pass bias.float().contiguous())");
+    options.bias = bias->data_ptr();
+    options.bias_dtype = bias->scalar_type() == at::kBFloat16 ? DType::bf16 : DType::f32;
   }
   // Which GEMM of a linear layer: decides a native FP8 GEMM's accumulation (fast for fprop).
   if (kind) options.kind = parse_gemm_kind(*kind);

@@ -148,10 +148,14 @@ struct Variant {
   DType out;
   float alpha;
   bool accumulate, bias;
+  DType bias_dtype = DType::f32;
 };
+// The BF16 bias with a BF16 output is what a BF16 model's Linear passes: a native FP8 GEMM adds
+// it inside cuBLASLt's epilogue, every other path widens it to FP32 first.
 const Variant kVariants[] = {{"f32", DType::f32, 1.0f, false, false},
                              {"f32 alpha=0.5 accumulate bias", DType::f32, 0.5f, true, true},
-                             {"bf16 accumulate bias", DType::bf16, 1.0f, true, true}};
+                             {"bf16 accumulate bias", DType::bf16, 1.0f, true, true},
+                             {"bf16 bf16-bias", DType::bf16, 1.0f, false, true, DType::bf16}};
 
 constexpr int kMaxReportedFailures = 20;
 
@@ -261,14 +265,15 @@ Tensor to_device(const Tensor& host) {
 }
 
 // The epilogue's inputs, the same values on both sides: the initial output (read by accumulate)
-// in `out`'s dtype on the host and the target, and the bias on the host and the target. For a
-// BF16 output `out0` is rounded to what the tensors hold, so the checks see the same values.
+// in `out`'s dtype on the host and the target, and the bias in `bias_dtype` on the host and the
+// target. For a BF16 output `out0`, and for a BF16 bias `bias`, are rounded to what the tensors
+// hold, so the checks see the same values.
 struct EpilogueInputs {
   Tensor cpu_out, gpu_out, bias_host, bias_dev;
 };
 
-EpilogueInputs epilogue_inputs(DType out, const Shape& shape, std::vector<float>& out0,
-                               const std::vector<float>& bias) {
+EpilogueInputs epilogue_inputs(DType out, DType bias_dtype, const Shape& shape,
+                               std::vector<float>& out0, std::vector<float>& bias) {
   Tensor cpu_out(out, {shape.m, shape.n});
   for (std::size_t i = 0; i < out0.size(); ++i) {
     if (out == DType::f32) {
@@ -279,8 +284,15 @@ EpilogueInputs epilogue_inputs(DType out, const Shape& shape, std::vector<float>
     }
   }
   Tensor gpu_out = to_device(cpu_out);
-  Tensor bias_host(DType::f32, {shape.n});
-  std::memcpy(bias_host.data_as<float>(), bias.data(), bias.size() * 4);
+  Tensor bias_host(bias_dtype, {shape.n});
+  for (std::size_t j = 0; j < bias.size(); ++j) {
+    if (bias_dtype == DType::f32) {
+      bias_host.data_as<float>()[j] = bias[j];
+    } else {
+      bias_host.data_as<std::uint16_t>()[j] = qrecipe::num::f32_to_bf16(bias[j]);
+      bias[j] = qrecipe::num::bf16_to_f32(bias_host.data_as<std::uint16_t>()[j]);
+    }
+  }
   Tensor bias_dev = to_device(bias_host);
   return {std::move(cpu_out), std::move(gpu_out), std::move(bias_host), std::move(bias_dev)};
 }
@@ -465,15 +477,16 @@ TEST_CASE("GPU GEMMs equal the CPU reference on the same quantized operands") {
           const auto mn = static_cast<std::size_t>(shape.m * shape.n);
           std::vector<float> out0 = random_normal(mn, seed + 2);
           std::vector<float> bias = random_normal(static_cast<std::size_t>(shape.n), seed + 3);
-          auto [cpu_out, gpu_out, bias_host, bias_dev] = epilogue_inputs(v.out, shape, out0, bias);
+          auto [cpu_out, gpu_out, bias_host, bias_dev] = epilogue_inputs(v.out, v.bias_dtype, shape, out0, bias);
 
           GemmOptions o;
           o.alpha = v.alpha;
           o.accumulate = v.accumulate;
           o.kind = kind.kind;
-          o.bias = v.bias ? bias_host.data_as<float>() : nullptr;
+          o.bias = v.bias ? bias_host.view().data() : nullptr;
+          o.bias_dtype = v.bias_dtype;
           qrecipe::gemm(a.cpu(), b.cpu(), cpu_out.view(), o);
-          o.bias = v.bias ? bias_dev.data_as<float>() : nullptr;
+          o.bias = v.bias ? bias_dev.view().data() : nullptr;
           GemmPlan plan;
           try {
             plan = qrecipe::gemm(a.gpu(), b.gpu(), gpu_out.view(), o);
@@ -616,14 +629,15 @@ TEST_CASE("GPU emulated GEMMs recompute exactly when BF16 cannot hold the decode
           for (const float x : output_values(cpu_probe.view())) scale = std::max(scale, std::fabs(static_cast<double>(x)));
           for (auto& x : out0) x = static_cast<float>(x * scale);
           for (auto& x : bias) x = static_cast<float>(x * scale);
-          auto [cpu_out, gpu_out, bias_host, bias_dev] = epilogue_inputs(v.out, shape, out0, bias);
+          auto [cpu_out, gpu_out, bias_host, bias_dev] = epilogue_inputs(v.out, v.bias_dtype, shape, out0, bias);
           GemmOptions o;
           o.kind = kind.kind;
           o.alpha = v.alpha;
           o.accumulate = v.accumulate;
-          o.bias = v.bias ? bias_host.data_as<float>() : nullptr;
+          o.bias = v.bias ? bias_host.view().data() : nullptr;
+          o.bias_dtype = v.bias_dtype;
           qrecipe::gemm(a.cpu(), b.cpu(), cpu_out.view(), o);
-          o.bias = v.bias ? bias_dev.data_as<float>() : nullptr;
+          o.bias = v.bias ? bias_dev.view().data() : nullptr;
           const GemmPlan plan = qrecipe::gemm(a.gpu(), b.gpu(), gpu_out.view(), o);
           qrecipe::synchronize(Device::cuda(0));
           REQUIRE(plan.path == Path::emulated);
@@ -667,6 +681,18 @@ TEST_CASE("GPU GEMM edge cases: K = 0 (epilogue only) and empty outputs") {
   // out[i][j] = 0 + (2i + j) + bias[j]: {10, 21, 12, 23, 14, 25}.
   const float want[6] = {10, 21, 12, 23, 14, 25};
   for (int i = 0; i < 6; ++i) CHECK(got[static_cast<std::size_t>(i)] == want[i]);
+  // The same with a BF16 bias (10 and 20 are exact in BF16), from the same initial output.
+  Tensor out_b = to_device(out_host);
+  Tensor bias16_host(DType::bf16, {2});
+  bias16_host.data_as<std::uint16_t>()[0] = qrecipe::num::f32_to_bf16(10.0f);
+  bias16_host.data_as<std::uint16_t>()[1] = qrecipe::num::f32_to_bf16(20.0f);
+  Tensor bias16 = to_device(bias16_host);
+  o.bias = bias16.view().data();
+  o.bias_dtype = DType::bf16;
+  qrecipe::gemm(GemmOperand::dense(a.view(), QR_DIRECTION_ROWWISE),
+                GemmOperand::dense(b.view(), QR_DIRECTION_ROWWISE), out_b.view(), o);
+  const auto got_b = output_values(out_b.view());
+  for (int i = 0; i < 6; ++i) CHECK(got_b[static_cast<std::size_t>(i)] == want[i]);
   // An empty output does nothing and does not fail.
   Tensor a0(DType::bf16, {0, 16}, Device::cuda(0), qrecipe::cuda_allocator());
   Tensor b0(DType::bf16, {4, 16}, Device::cuda(0), qrecipe::cuda_allocator());

@@ -164,3 +164,29 @@ def test_linear_checks_the_last_dimension_outside_autocast_too():
         layer([1.0] * 16)
     x = torch.randn(4, 16, dtype=torch.float64)  # dtypes are torch's business outside autocast
     assert torch.equal(layer.double()(x), F.linear(x, layer.weight, layer.bias))
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_gemm_bias_in_bf16_gives_the_numbers_of_its_fp32_copy(device):
+    """A BF16 model's bias goes to the engine as it is (widened exactly there; on CUDA a native
+    FP8 GEMM with a BF16 output adds it in cuBLASLt's epilogue): the same output as its FP32
+    copy, bit for bit on the CPU, and on the GPU within the BF16 rounding of the output (the
+    FP32-bias GEMM there writes an FP32 product first, possibly another cuBLASLt kernel)."""
+    recipe = qrecipe.Recipe.default()
+    x = torch.randn(64, 128, dtype=torch.bfloat16, device=device)
+    w = torch.randn(96, 128, dtype=torch.bfloat16, device=device)
+    bias = (torch.randn(96) * 4).to(torch.bfloat16).to(device)
+    qx = recipe.quantizer("linear", "input", "fc").quantize(x, "rowwise")._cpp
+    qw = recipe.quantizer("linear", "weight", "fc").quantize(w, "rowwise")._cpp
+    outs = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        out = torch.empty(64, 96, dtype=torch.bfloat16, device=device)
+        _C.gemm(qx, "rowwise", qw, "rowwise", out, kind="fprop", bias=bias.to(dtype))
+        outs[dtype] = out
+    if device == "cpu":
+        assert torch.equal(outs[torch.bfloat16], outs[torch.float32])
+    else:
+        torch.testing.assert_close(outs[torch.bfloat16], outs[torch.float32], rtol=2 ** -7,
+                                   atol=1e-3)
+    with pytest.raises(qrecipe.QrecipeError, match="torch.float32 or torch.bfloat16"):
+        _C.gemm(qx, "rowwise", qw, "rowwise", outs[torch.float32], bias=bias.half())

@@ -71,9 +71,12 @@ struct GemmOperand {
 struct GemmOptions {
   float alpha = 1.0f;
   bool accumulate = false;       // out = alpha*AB + out (beta = 1)
-  // [outer(B)] FP32: host memory for the CPU path, device memory on the output's device for
-  // the CUDA path.
-  const float* bias = nullptr;
+  // [outer(B)] of bias_dtype, FP32 or BF16: host memory for the CPU path, device memory on the
+  // output's device for the CUDA path. A BF16 bias is widened exactly, so it gives the numbers
+  // of its FP32 copy; it lets a native FP8 GEMM with a BF16 output add the bias inside
+  // cuBLASLt's epilogue (which takes the output's type there) instead of a separate pass.
+  const void* bias = nullptr;
+  DType bias_dtype = DType::f32;
   void* stream = nullptr;        // cudaStream_t for CUDA operands (nullptr: legacy default)
   // Which GEMM of a linear layer this is. It decides the accumulation of a native FP8 GEMM:
   // fast accumulation for fprop only (DESIGN.md section 6); unset means split accumulation.

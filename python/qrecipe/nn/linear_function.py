@@ -9,8 +9,10 @@ GEMMs need; one whose role is ``none`` stays in high precision (a dense engine o
 For backward only the columnwise copies are kept (the rowwise ones were for fprop), so an
 activation saved for wgrad costs its quantized size, as in TransformerEngine. Under
 ``torch.no_grad()`` (or when nothing needs a gradient) only rowwise copies are made and
-nothing is saved. The GEMMs accumulate in FP32; the engine adds the bias in FP32 and rounds
-once to the output dtype (BF16 or FP32 written directly, on the CUDA path without extra passes).
+nothing is saved. The GEMMs accumulate in FP32; the engine adds the bias in FP32 (a BF16 bias
+widened exactly) and rounds once to the output dtype (BF16 or FP32 written directly, on the
+CUDA path without extra passes; a native FP8 GEMM with a BF16 output and a BF16 bias adds it
+inside cuBLASLt's epilogue).
 On CUDA, large native dgrad and wgrad GEMMs run side by side on two streams (same bytes).
 
 Training-loop features, here so every module gets them through ``quantized_linear``:
@@ -86,6 +88,16 @@ def _gemm_output(rows: int, cols: int, like: torch.Tensor,
                        device=like.device)
 
 
+def _engine_bias(bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The bias as the engine takes it: FP32 or BF16 as it is (the engine widens BF16 exactly,
+    and a native FP8 GEMM with a BF16 output then adds it in cuBLASLt's epilogue), other
+    dtypes as FP32."""
+    if bias is None:
+        return None
+    bias = bias.detach()
+    return (bias if bias.dtype in (torch.float32, torch.bfloat16) else bias.float()).contiguous()
+
+
 def _gemm(kind: str, a, direction_a: str, b, direction_b: str, rows: int, cols: int,
           like: torch.Tensor, out_dtype: torch.dtype,
           bias: Optional[torch.Tensor] = None,
@@ -99,8 +111,7 @@ def _gemm(kind: str, a, direction_a: str, b, direction_b: str, rows: int, cols: 
     direct = out_dtype in (torch.float32, torch.bfloat16)
     out = (into if into is not None and direct and into.data_ptr() % 16 == 0
            else _gemm_output(rows, cols, like, out_dtype))
-    fp32_bias = None if bias is None else bias.detach().float().contiguous()
-    _C.gemm(a, direction_a, b, direction_b, out, kind=kind, bias=fp32_bias)
+    _C.gemm(a, direction_a, b, direction_b, out, kind=kind, bias=_engine_bias(bias))
     if into is not None and out is not into:
         return into.copy_(out)  # converts FP32 to `out_dtype` too
     return out if out.dtype == out_dtype else out.to(out_dtype)
