@@ -8,7 +8,9 @@
 #   build      unpack, configure unless $BUILD_DIR/CMakeCache.txt exists, build everything
 #   test       ctest -j8 (every suite, the test_gpu_parity_<format> entries included)
 #   bench      bench_quantize --out $OUT/bench.json, bench_gemm --out $OUT/bench_gemm.json,
-#              bench/bench_linear.py --out $OUT/bench_linear.json (when the adapter is built)
+#              bench/bench_linear.py --out $OUT/bench_linear.json and
+#              bench/bench_grouped_linear.py --out $OUT/bench_grouped_linear.json (when the
+#              adapter is built)
 #
 # It needs nvcc, cmake (>= 3.24), ninja (or make) and python3 on the machine, and the Debian
 # packages of the other dependencies in .deps/ (libyaml-cpp-dev, libyaml-cpp0.7,
@@ -26,6 +28,7 @@
 #   BENCH_ARGS           extra arguments for bench_quantize (e.g. "--runs 50")
 #   BENCH_GEMM_ARGS      extra arguments for bench_gemm (e.g. "--shapes 4096x4096x4096")
 #   BENCH_LINEAR_ARGS    extra arguments for bench_linear.py (e.g. "--recipes default,blockwise")
+#   BENCH_GROUPED_ARGS   extra arguments for bench_grouped_linear.py (e.g. "--configs 8x16384x4096x4096")
 #   QRECIPE_GPU_PYTHON   0: do not build the PyTorch adapter (default: built when python3 has
 #                        a CUDA torch; then the test stage also runs pytest tests/python)
 #   CMAKE_ARGS           extra arguments for the configure step
@@ -301,11 +304,15 @@ do_bench() {
       # shellcheck disable=SC2086  # BENCH_LINEAR_ARGS is a list of words on purpose
       PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_linear.py" \
         --out "$OUT/bench_linear.json" ${BENCH_LINEAR_ARGS:-} || rc=1
+      # qrecipe.nn.GroupedLinear (MoE experts) against separate layers (bench/bench_grouped_linear.py).
+      # shellcheck disable=SC2086  # BENCH_GROUPED_ARGS is a list of words on purpose
+      PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_grouped_linear.py" \
+        --out "$OUT/bench_grouped_linear.json" ${BENCH_GROUPED_ARGS:-} || rc=1
     fi
   fi
   # One file of the results format (bench/results/<date>-<gpu>.json) and its markdown table.
   local parts=()
-  for f in bench.json bench_gemm.json bench_linear.json; do [[ -f $OUT/$f ]] && parts+=("$OUT/$f"); done
+  for f in bench.json bench_gemm.json bench_linear.json bench_grouped_linear.json; do [[ -f $OUT/$f ]] && parts+=("$OUT/$f"); done
   python3 "$root/tools/bench_table.py" --merge "$OUT/results.json" "${parts[@]}" >"$OUT/results.md" || rc=1
   return $rc
 }
