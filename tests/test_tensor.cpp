@@ -396,16 +396,20 @@ std::array<qr_direction_layout, 2> nvfp4_like_layouts() {
           make_layout(nullptr, DType::e2m1, {70, 3}, true, QR_SCALE_BLOCK_TENSOR, DType::e4m3, {128, 4}, true)};
 }
 
-// Scales, amax and padded data start zeroed; the rowwise data [3, 70] holds exactly 3 x 70
-// codes in whole bytes, so quantize writes all of it and it is not filled first (one pass
-// less on the GPU); the columnwise data [70, 3] has a padding nibble per row: zeroed.
+// One allocation per direction, [scale | amax | data] with each part on a 256-byte boundary:
+//   rowwise    scale at 0 (1024 bytes), amax at 1024, data at 1280: 1280 + 105 = 1385 bytes
+//   columnwise scale at 0 (512 bytes),  amax at 512,  data at 768:  768 + 140 = 908 bytes
+// Scales, amax and padded data start zeroed, with one zero-fill per direction; the rowwise
+// data [3, 70] holds exactly 3 x 70 codes in whole bytes, so quantize writes all of it and it
+// is not filled first (one pass less on the GPU); the columnwise data [70, 3] has a padding
+// nibble per row: zeroed.
 TEST_CASE("QuantizedTensor: both directions allocated per layout, padding and scales zeroed") {
   auto alloc = std::make_shared<RecordingAllocator>();
   {
     QuantizedTensor q("nvfp4", 3, 70, QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE, nvfp4_like_layouts(),
                       Device::cpu(), alloc);
-    CHECK(alloc->sizes == std::vector<std::size_t>{105, 1024, 4, 140, 512, 4});
-    CHECK(alloc->zero_calls == 5);
+    CHECK(alloc->sizes == std::vector<std::size_t>{1385, 908});
+    CHECK(alloc->zero_calls == 2);
     CHECK(q.format() == "nvfp4");
     CHECK(q.rows() == 3);
     CHECK(q.cols() == 70);
@@ -420,6 +424,14 @@ TEST_CASE("QuantizedTensor: both directions allocated per layout, padding and sc
     CHECK(rd.shape() == Shape{3, 70});
     CHECK(rd.nbytes() == 105);
     CHECK(rd.is_contiguous());
+    CHECK(static_cast<const std::uint8_t*>(rd.data())[0] == 0xAB);  // not filled: quantize writes it
+    // Every part starts on a 256-byte boundary of its direction's allocation.
+    const auto* row_base = static_cast<const std::uint8_t*>(q.c().rowwise.scale_inv.data);
+    CHECK(static_cast<const std::uint8_t*>(q.c().rowwise.amax.data) - row_base == 1024);
+    CHECK(static_cast<const std::uint8_t*>(rd.data()) - row_base == 1280);
+    const auto* col_base = static_cast<const std::uint8_t*>(q.c().columnwise.scale_inv.data);
+    CHECK(static_cast<const std::uint8_t*>(q.c().columnwise.amax.data) - col_base == 512);
+    CHECK(static_cast<const std::uint8_t*>(q.c().columnwise.data.data) - col_base == 768);
     const TensorView rs = q.scale_inv(QR_DIRECTION_ROWWISE);
     CHECK(rs.dtype() == DType::e4m3);
     CHECK(rs.shape() == Shape{128, 8});
@@ -434,14 +446,14 @@ TEST_CASE("QuantizedTensor: both directions allocated per layout, padding and sc
     CHECK(q.amax(QR_DIRECTION_ROWWISE) == 0.0f);
     *static_cast<float*>(q.c().columnwise.amax.data) = 2.5f;
     CHECK(q.amax(QR_DIRECTION_COLUMNWISE) == 2.5f);
-    CHECK(q.amax(QR_DIRECTION_ROWWISE) == 0.0f);  // separate buffers
+    CHECK(q.amax(QR_DIRECTION_ROWWISE) == 0.0f);  // separate allocations
     // A layout without its own format name reports the tensor's.
     CHECK(std::string(q.layout(QR_DIRECTION_ROWWISE).format) == "nvfp4");
     CHECK(q.layout(QR_DIRECTION_COLUMNWISE).data_transposed == 1);
     CHECK(q.layout(QR_DIRECTION_COLUMNWISE).scale_mode == QR_SCALE_BLOCK_TENSOR);
     CHECK(q.direction(QR_DIRECTION_ROWWISE).struct_size == sizeof(qr_direction_data));
   }
-  CHECK(alloc->frees == 6);
+  CHECK(alloc->frees == 2);
   CHECK(alloc->bad_frees == 0);
   CHECK(alloc->live() == 0);
 }
@@ -455,7 +467,7 @@ TEST_CASE("QuantizedTensor: rowwise only, columnwise only, layouts without scale
       make_layout("mxfp8", DType::e4m3, {3, 70}, false, QR_SCALE_BLOCK, DType::e8m0, {4, 128}, false)};
   SUBCASE("rowwise only") {
     QuantizedTensor q("mxfp8", 3, 70, QR_USAGE_ROWWISE, mx, Device::cpu(), alloc);
-    CHECK(alloc->sizes == std::vector<std::size_t>{210, 512});
+    CHECK(alloc->sizes == std::vector<std::size_t>{512 + 210});  // scales, then data
     CHECK(q.has(QR_DIRECTION_ROWWISE));
     CHECK_FALSE(q.has(QR_DIRECTION_COLUMNWISE));
     CHECK_FALSE(q.has_amax(QR_DIRECTION_ROWWISE));
@@ -475,7 +487,7 @@ TEST_CASE("QuantizedTensor: rowwise only, columnwise only, layouts without scale
   }
   SUBCASE("columnwise only") {
     QuantizedTensor q("mxfp8", 3, 70, QR_USAGE_COLUMNWISE, mx, Device::cpu(), alloc);
-    CHECK(alloc->sizes == std::vector<std::size_t>{210, 512});
+    CHECK(alloc->sizes == std::vector<std::size_t>{512 + 210});
     CHECK(q.scale_inv(QR_DIRECTION_COLUMNWISE).shape() == Shape{4, 128});
     CHECK(q.c().rowwise.data.data == nullptr);
     const std::string msg = error_message([&] { q.data(QR_DIRECTION_ROWWISE); });
@@ -500,11 +512,83 @@ TEST_CASE("QuantizedTensor: rowwise only, columnwise only, layouts without scale
         make_layout(nullptr, DType::e4m3, {3, 70}, false, QR_SCALE_TENSOR, DType::f32, {1}, true),
         make_layout(nullptr, DType::e4m3, {70, 3}, true, QR_SCALE_TENSOR, DType::f32, {1}, true)};
     QuantizedTensor q("float8", 3, 70, QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE, f8, Device::cpu(), alloc);
-    CHECK(alloc->sizes == std::vector<std::size_t>{210, 4, 4, 210, 4, 4});
+    // Per direction: the scale (4 bytes), the amax at 256, the data at 512.
+    CHECK(alloc->sizes == std::vector<std::size_t>{512 + 210, 512 + 210});
     CHECK(q.scale_inv(QR_DIRECTION_ROWWISE).numel() == 1);
   }
   CHECK(alloc->bad_frees == 0);
   CHECK(alloc->live() == 0);
+}
+
+TEST_CASE("QuantizedTensor: drop frees one direction's allocation and keeps the other's") {
+  auto alloc = std::make_shared<RecordingAllocator>();
+  QuantizedTensor q("nvfp4", 3, 70, QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE, nvfp4_like_layouts(),
+                    Device::cpu(), alloc);
+  void* const col_data = q.c().columnwise.data.data;
+  q.drop(QR_DIRECTION_ROWWISE);
+  CHECK(alloc->frees == 1);
+  CHECK(alloc->live() == 1);
+  CHECK(q.usage() == QR_USAGE_COLUMNWISE);
+  CHECK(q.c().rowwise.data.data == nullptr);
+  CHECK(q.c().rowwise.scale_inv.data == nullptr);
+  CHECK(q.c().rowwise.amax.data == nullptr);
+  CHECK(q.c().columnwise.data.data == col_data);
+  CHECK(all_zero(col_data, 140));
+  CHECK(contains(error_message([&] { q.drop(QR_DIRECTION_ROWWISE); }), "cannot drop the rowwise"));
+  CHECK(alloc->bad_frees == 0);
+}
+
+TEST_CASE("QuantizedTensor::allocate_groups: one allocation per direction for every group") {
+  auto alloc = std::make_shared<RecordingAllocator>();
+  // float8-like groups of [3, 70], [0, 70] and [5, 70], both directions: per direction
+  // every group's scale (4 bytes) and amax on 256-byte boundaries, then every group's data.
+  const std::int64_t rows[3] = {3, 0, 5};
+  std::vector<std::array<qr_direction_layout, 2>> layouts;
+  for (const std::int64_t r : rows)
+    layouts.push_back({make_layout(nullptr, DType::e4m3, {r, 70}, false, QR_SCALE_TENSOR, DType::f32, {1}, true),
+                       make_layout(nullptr, DType::e4m3, {70, r}, true, QR_SCALE_TENSOR, DType::f32, {1}, true)});
+  {
+    std::vector<QuantizedTensor> groups = QuantizedTensor::allocate_groups(
+        "float8", rows, 70, QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE, layouts, Device::cpu(), alloc);
+    REQUIRE(groups.size() == 3);
+    // 3 x (256 + 256) of scales and amaxes, then data 210 (padded to 256), 0, 350.
+    CHECK(alloc->sizes == std::vector<std::size_t>{1536 + 256 + 350, 1536 + 256 + 350});
+    CHECK(alloc->zero_calls == 2);  // the scales and amaxes of each direction, at once
+    for (std::size_t g = 0; g < 3; ++g) {
+      CAPTURE(g);
+      const QuantizedTensor& t = groups[g];
+      CHECK(t.rows() == rows[g]);
+      CHECK(t.cols() == 70);
+      CHECK(t.data(QR_DIRECTION_ROWWISE).shape() == Shape{rows[g], 70});
+      CHECK(t.data(QR_DIRECTION_COLUMNWISE).shape() == Shape{70, rows[g]});
+      CHECK(all_zero(t.c().rowwise.scale_inv.data, 4));
+      CHECK(all_zero(t.c().columnwise.amax.data, 4));
+      CHECK(reinterpret_cast<std::uintptr_t>(t.c().rowwise.data.data) % 256 ==
+            reinterpret_cast<std::uintptr_t>(groups[0].c().rowwise.scale_inv.data) % 256);
+    }
+    const auto* base = static_cast<const std::uint8_t*>(groups[0].c().rowwise.scale_inv.data);
+    CHECK(static_cast<const std::uint8_t*>(groups[2].c().rowwise.amax.data) - base == 1280);
+    CHECK(static_cast<const std::uint8_t*>(groups[0].c().rowwise.data.data) - base == 1536);
+    CHECK(static_cast<const std::uint8_t*>(groups[2].c().rowwise.data.data) - base == 1792);
+    CHECK(static_cast<const std::uint8_t*>(groups[0].c().rowwise.data.data)[0] == 0xAB);  // not filled
+    // A direction's allocation lives until every group has dropped it.
+    groups[0].drop(QR_DIRECTION_ROWWISE);
+    groups[2].drop(QR_DIRECTION_ROWWISE);
+    CHECK(alloc->frees == 0);
+    groups[1].drop(QR_DIRECTION_ROWWISE);
+    CHECK(alloc->frees == 1);
+    CHECK(alloc->live() == 1);
+    QuantizedTensor moved = std::move(groups[2]);
+    CHECK(moved.has(QR_DIRECTION_COLUMNWISE));
+  }
+  CHECK(alloc->frees == 2);
+  CHECK(alloc->bad_frees == 0);
+  CHECK(alloc->live() == 0);
+  CHECK(contains(error_message([&] {
+                   QuantizedTensor::allocate_groups("float8", rows, 70, QR_USAGE_ROWWISE,
+                                                    std::span(layouts).first(2), Device::cpu(), alloc);
+                 }),
+                 "2 layouts for 3 groups"));
 }
 
 TEST_CASE("QuantizedTensor: moves keep views valid and free nothing") {
@@ -537,10 +621,10 @@ TEST_CASE("QuantizedTensor: moves keep views valid and free nothing") {
         make_layout("float8", DType::e4m3, {2, 2}, false, QR_SCALE_TENSOR, DType::f32, {1}, false),
         qr_direction_layout{}};
     QuantizedTensor c("float8", 2, 2, QR_USAGE_ROWWISE, small, Device::cpu(), alloc);
-    CHECK(alloc->live() == 8);
+    CHECK(alloc->live() == 3);
     c = std::move(b);
-    CHECK(alloc->frees == 2);  // c's data and scale
-    CHECK(alloc->live() == 6);
+    CHECK(alloc->frees == 1);  // c's one allocation (its scale and data)
+    CHECK(alloc->live() == 2);
     CHECK(c.format() == "nvfp4");
     CHECK(c.c().format == c.format().c_str());
     CHECK(c.c().rowwise.data.data == row_data);
@@ -549,9 +633,9 @@ TEST_CASE("QuantizedTensor: moves keep views valid and free nothing") {
     // Back into the emptied `a`.
     a = std::move(c);
     CHECK(a.c().rowwise.data.data == row_data);
-    CHECK(alloc->live() == 6);
+    CHECK(alloc->live() == 2);
   }
-  CHECK(alloc->frees == 8);
+  CHECK(alloc->frees == 3);
   CHECK(alloc->bad_frees == 0);
   CHECK(alloc->live() == 0);
 }

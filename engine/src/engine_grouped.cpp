@@ -69,14 +69,14 @@ std::vector<QuantizedTensor> Engine::quantize_grouped(const Quantizer& q, const 
   const TensorView src2d = as_2d(q, src);
   check_groups(q, src2d, group_rows);
   if (!allocator) allocator = allocator_;
-  std::vector<QuantizedTensor> out;
-  out.reserve(group_rows.size());
-  for (const std::int64_t rows : group_rows) {
-    std::array<qr_direction_layout, 2> layouts{};
+  // Every group's buffers of a direction in one allocation (QuantizedTensor::allocate_groups):
+  // two allocations and zero-fills for any number of experts, not two per expert.
+  std::vector<std::array<qr_direction_layout, 2>> layouts(group_rows.size());
+  for (std::size_t g = 0; g < group_rows.size(); ++g)
     for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
-      if (usage & usage_bit(d)) layouts[d] = q.layout(rows, src2d.cols(), d);
-    out.emplace_back(q.format(), rows, src2d.cols(), usage, layouts, src2d.device(), allocator);
-  }
+      if (usage & usage_bit(d)) layouts[g][d] = q.layout(group_rows[g], src2d.cols(), d);
+  std::vector<QuantizedTensor> out = QuantizedTensor::allocate_groups(
+      q.format(), group_rows, src2d.cols(), usage, layouts, src2d.device(), allocator);
   std::vector<QuantizedTensor*> dst;
   dst.reserve(out.size());
   for (auto& t : out) dst.push_back(&t);

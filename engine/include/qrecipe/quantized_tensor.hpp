@@ -8,6 +8,8 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <vector>
 #include <string>
 #include <utility>
 
@@ -34,53 +36,42 @@ class QuantizedTensor {
  public:
   QuantizedTensor() { c_.struct_size = sizeof(qr_quantized_tensor); }
 
-  // Allocate zero-filled buffers for the directions in `usage`; layouts[d] describes direction d.
+  // Allocates the directions in `usage`; layouts[d] describes direction d. Each direction is
+  // ONE allocation, laid out [scale | amax | data] (each part on a kPartAlignment boundary),
+  // with at most one zero-fill: a quantize on the GPU costs one allocation and one memset per
+  // direction instead of three and two (host time that dominated small layers). Scales and
+  // amax start at zero. A data buffer that holds exactly rows x cols values is written in
+  // full by every quantize (plugin_abi.h), so it is not zero-filled: on the GPU that fill was
+  // a whole extra pass over the output. Padded data, and sub-byte codes with an odd row
+  // length (a padding nibble per row), start at zero too.
   QuantizedTensor(const std::string& format, std::int64_t rows, std::int64_t cols,
                   std::uint32_t usage, const std::array<qr_direction_layout, 2>& layouts,
                   Device device, std::shared_ptr<Allocator> allocator)
-      : format_(format) {
-    c_.struct_size = sizeof(qr_quantized_tensor);
-    c_.format = format_.c_str();
-    c_.rows = rows;
-    c_.cols = cols;
-    c_.usage = usage;
-    for (int d = 0; d < 2; ++d) {
-      const auto dir = static_cast<qr_direction>(d);
-      qr_direction_data& dd = direction_data(dir);
-      dd.struct_size = sizeof(qr_direction_data);
-      dd.data.struct_size = dd.scale_inv.struct_size = dd.amax.struct_size = sizeof(qr_tensor_view);
-      if (!(usage & usage_bit(dir))) continue;
-      const qr_direction_layout& l = layouts[d];
-      QR_CHECK(l.struct_size >= sizeof(qr_direction_layout), "layout of ", direction_name(dir),
-               " for format '", format, "' has struct_size ", l.struct_size);
-      dd.layout = l;
-      formats_[d] = l.format ? l.format : format;
-      dd.layout.format = formats_[d].c_str();
-      auto& store = storage_[d];
-      store = std::make_unique<Storage>();
-      // A data buffer that holds exactly rows x cols values is written in full by every
-      // quantize (plugin_abi.h), so it is not zero-filled first: on the GPU that fill was a
-      // whole extra pass over the output. Padded data, scales and amax start at zero.
-      // (Sub-byte codes with an odd row length leave a padding nibble per row: zero-filled.)
-      // (An invalid rank is reported by allocate() below.)
-      Buffer::Fill data_fill = Buffer::Fill::zero;
-      if (l.data_ndim >= 1 && l.data_ndim <= 2) {
-        std::int64_t values = 1;
-        for (int i = 0; i < l.data_ndim; ++i) values *= l.data_shape[i];
-        const bool whole_bytes = dtype_bits(static_cast<DType>(l.data_dtype)) >= 8 ||
-                                 l.data_shape[l.data_ndim - 1] % 2 == 0;
-        if (values == rows * cols && whole_bytes) data_fill = Buffer::Fill::none;
-      }
-      dd.data = allocate(store->data, static_cast<DType>(l.data_dtype), l.data_ndim,
-                         l.data_shape, device, allocator, data_fill);
-      if (l.scale_ndim > 0)
-        dd.scale_inv = allocate(store->scale, static_cast<DType>(l.scale_dtype), l.scale_ndim,
-                                l.scale_shape, device, allocator, Buffer::Fill::zero);
-      if (l.has_amax) {
-        const std::int64_t one[2] = {1, 0};
-        dd.amax = allocate(store->amax, DType::f32, 1, one, device, allocator, Buffer::Fill::zero);
-      }
-    }
+      : QuantizedTensor(format, rows, cols, usage, layouts) {
+    QuantizedTensor* self[1] = {this};
+    allocate_parts(self, device, allocator);
+  }
+
+  // The tensors of consecutive row groups of one source (a grouped quantization's outputs,
+  // group g with group_rows[g] rows and layouts[g]): per direction ONE allocation for all
+  // groups, [every group's scale and amax | every group's data], and at most one zero-fill of
+  // the scales and amaxes (plus each padded data part): two allocations whatever the number of
+  // groups. Each tensor behaves as one allocated alone; a direction's memory is freed once
+  // every group has dropped it or is gone.
+  static std::vector<QuantizedTensor> allocate_groups(
+      const std::string& format, std::span<const std::int64_t> group_rows, std::int64_t cols,
+      std::uint32_t usage, std::span<const std::array<qr_direction_layout, 2>> layouts,
+      Device device, const std::shared_ptr<Allocator>& allocator) {
+    QR_CHECK(layouts.size() == group_rows.size(), "allocate_groups: ", layouts.size(),
+             " layouts for ", group_rows.size(), " groups");
+    std::vector<QuantizedTensor> out;
+    out.reserve(group_rows.size());
+    for (std::size_t g = 0; g < group_rows.size(); ++g)
+      out.push_back(QuantizedTensor(format, group_rows[g], cols, usage, layouts[g]));
+    std::vector<QuantizedTensor*> tensors;
+    for (QuantizedTensor& t : out) tensors.push_back(&t);
+    allocate_parts(tensors, device, allocator);
+    return out;
   }
 
   QuantizedTensor(QuantizedTensor&& o) noexcept { *this = std::move(o); }
@@ -144,26 +135,129 @@ class QuantizedTensor {
   qr_quantized_tensor& c() { return c_; }
 
  private:
-  struct Storage {
-    Buffer data, scale, amax;
-  };
+  // Parts of a direction's allocation start on this boundary (what the Allocator contract
+  // gives a whole allocation, so kernels see the alignment separate buffers had).
+  static constexpr std::size_t kPartAlignment = 256;
+  static std::size_t round_up(std::size_t bytes) {
+    return (bytes + kPartAlignment - 1) / kPartAlignment * kPartAlignment;
+  }
   qr_direction_data& direction_data(qr_direction d) {
     return d == QR_DIRECTION_ROWWISE ? c_.rowwise : c_.columnwise;
   }
-  static qr_tensor_view allocate(Buffer& buffer, DType dtype, int ndim, const std::int64_t* shape,
-                                 Device device, const std::shared_ptr<Allocator>& allocator,
-                                 Buffer::Fill fill) {
+
+  // The C struct and layouts of the directions in `usage`, without memory (allocate_parts).
+  QuantizedTensor(const std::string& format, std::int64_t rows, std::int64_t cols,
+                  std::uint32_t usage, const std::array<qr_direction_layout, 2>& layouts)
+      : format_(format) {
+    c_.struct_size = sizeof(qr_quantized_tensor);
+    c_.format = format_.c_str();
+    c_.rows = rows;
+    c_.cols = cols;
+    c_.usage = usage;
+    for (int d = 0; d < 2; ++d) {
+      const auto dir = static_cast<qr_direction>(d);
+      qr_direction_data& dd = direction_data(dir);
+      dd.struct_size = sizeof(qr_direction_data);
+      dd.data.struct_size = dd.scale_inv.struct_size = dd.amax.struct_size = sizeof(qr_tensor_view);
+      if (!(usage & usage_bit(dir))) continue;
+      const qr_direction_layout& l = layouts[d];
+      QR_CHECK(l.struct_size >= sizeof(qr_direction_layout), "layout of ", direction_name(dir),
+               " for format '", format, "' has struct_size ", l.struct_size);
+      dd.layout = l;
+      formats_[d] = l.format ? l.format : format;
+      dd.layout.format = formats_[d].c_str();
+      // The views' shapes now, their data pointers in allocate_parts.
+      if (l.scale_ndim > 0)
+        dd.scale_inv = view_of(static_cast<DType>(l.scale_dtype), l.scale_ndim, l.scale_shape);
+      const std::int64_t one[2] = {1, 0};
+      if (l.has_amax) dd.amax = view_of(DType::f32, 1, one);
+      dd.data = view_of(static_cast<DType>(l.data_dtype), l.data_ndim, l.data_shape);
+    }
+  }
+
+  // Gives every direction of `tensors` its memory: per direction one allocation holding every
+  // tensor's scale and amax, then every tensor's data, and one zero-fill of the scales and
+  // amaxes (plus each data part that is not written in full).
+  static void allocate_parts(std::span<QuantizedTensor* const> tensors, Device device,
+                             const std::shared_ptr<Allocator>& allocator) {
+    for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+      struct Offsets {
+        std::size_t scale = 0, amax = 0, data = 0;
+      };
+      std::vector<Offsets> at(tensors.size());
+      std::size_t cursor = 0;
+      bool any = false;
+      for (std::size_t i = 0; i < tensors.size(); ++i) {
+        if (!tensors[i]->has(d)) continue;
+        any = true;
+        const qr_direction_data& dd = tensors[i]->direction_data(d);
+        at[i].scale = cursor;
+        cursor += round_up(bytes_of(dd.scale_inv));
+        at[i].amax = cursor;
+        cursor += round_up(bytes_of(dd.amax));  // every part starts on a boundary
+      }
+      if (!any) continue;
+      // Data parts follow; the last one is not padded. Zero ranges: the scales and amaxes,
+      // extended over each data part that needs zeros when it follows directly (the bytes
+      // between parts are never read), otherwise a range of its own.
+      std::vector<std::pair<std::size_t, std::size_t>> zero;
+      if (cursor > 0) zero.emplace_back(0, cursor);
+      for (std::size_t i = 0; i < tensors.size(); ++i) {
+        if (!tensors[i]->has(d)) continue;
+        const qr_direction_data& dd = tensors[i]->direction_data(d);
+        cursor = round_up(cursor);
+        at[i].data = cursor;
+        const std::size_t bytes = bytes_of(dd.data);
+        if (bytes > 0 && !written_in_full(dd.layout, tensors[i]->rows(), tensors[i]->cols())) {
+          if (!zero.empty() && round_up(zero.back().second) == cursor)
+            zero.back().second = cursor + bytes;
+          else
+            zero.emplace_back(cursor, cursor + bytes);
+        }
+        cursor += bytes;
+      }
+      auto buffer = std::make_shared<Buffer>(allocator, cursor, device, Buffer::Fill::none);
+      auto* base = static_cast<std::uint8_t*>(buffer->data());
+      for (const auto& [begin, end] : zero) allocator->zero(base + begin, end - begin, device);
+      const qr_device where = TensorView(nullptr, DType::f32, {0}, device).c().device;
+      for (std::size_t i = 0; i < tensors.size(); ++i) {
+        QuantizedTensor& t = *tensors[i];
+        if (!t.has(d)) continue;
+        qr_direction_data& dd = t.direction_data(d);
+        for (qr_tensor_view* v : {&dd.scale_inv, &dd.amax, &dd.data})
+          if (v->ndim > 0) v->device = where;
+        if (dd.scale_inv.ndim > 0) dd.scale_inv.data = base + at[i].scale;
+        if (dd.amax.ndim > 0) dd.amax.data = base + at[i].amax;
+        dd.data.data = base + at[i].data;
+        t.storage_[d] = buffer;
+      }
+    }
+  }
+
+  // Whether every quantize writes every byte of the data: exactly rows x cols values in
+  // whole bytes (plugin_abi.h).
+  static bool written_in_full(const qr_direction_layout& l, std::int64_t rows, std::int64_t cols) {
+    std::int64_t values = 1;
+    for (int i = 0; i < l.data_ndim; ++i) values *= l.data_shape[i];
+    const bool whole_bytes = dtype_bits(static_cast<DType>(l.data_dtype)) >= 8 ||
+                             l.data_shape[l.data_ndim - 1] % 2 == 0;
+    return values == rows * cols && whole_bytes;
+  }
+
+  // The view of one part with its data pointer still unset.
+  static qr_tensor_view view_of(DType dtype, int ndim, const std::int64_t* shape) {
     QR_CHECK(ndim >= 1 && ndim <= 2, "layout buffer with ", ndim, " dimensions; expected 1 or 2");
     std::vector<std::int64_t> s(shape, shape + ndim);
-    TensorView v(nullptr, dtype, s, device);
-    buffer = Buffer(allocator, static_cast<std::size_t>(v.nbytes()), device, fill);
-    v.c().data = buffer.data();
-    return v.c();
+    return TensorView(nullptr, dtype, s, Device::cpu()).c();
+  }
+  static std::size_t bytes_of(const qr_tensor_view& v) {
+    return v.ndim == 0 ? 0 : static_cast<std::size_t>(TensorView(v).nbytes());
   }
 
   std::string format_;
   std::array<std::string, 2> formats_;
-  std::array<std::unique_ptr<Storage>, 2> storage_;
+  // Per direction: the allocation its parts live in (shared by the groups of allocate_groups).
+  std::array<std::shared_ptr<Buffer>, 2> storage_;
   qr_quantized_tensor c_{};
 };
 
