@@ -525,14 +525,16 @@ def test_grouped_on_cuda_matches_cpu_and_multi_layout(name, grouped_quantization
         assert got[i].data("rowwise").is_cuda
         assert_same_buffers(got[i], want[i], f"{name} expert {i}")
     # The module on CUDA: single layout (grouped) == multi layout (per expert), bit for bit.
+    # (In the recipe's dtype: NVFP4's Hadamard transform takes BF16 inputs.)
+    dtype = DTYPE.get(name, torch.float32)
     torch.manual_seed(2)
-    single = grouped(True).cuda()
+    single = grouped(True, dtype=dtype).cuda()
     torch.manual_seed(2)
-    multi = grouped(False).cuda()
+    multi = grouped(False, dtype=dtype).cuda()
     r_single, r_multi = qrecipe.Recipe.builtin(name), qrecipe.Recipe.builtin(name)
     for _ in range(2):
-        x = torch.randn(sum(SPLITS), IN, device="cuda")
-        dy = torch.randn(sum(SPLITS), OUT, device="cuda")
+        x = torch.randn(sum(SPLITS), IN, device="cuda", dtype=dtype)
+        dy = torch.randn(sum(SPLITS), OUT, device="cuda", dtype=dtype)
         del grouped_quantizations[:]
         a = run_grouped(single, x, dy, SPLITS, r_single)
         assert grouped_quantizations == [(3, 3)]
@@ -541,8 +543,8 @@ def test_grouped_on_cuda_matches_cpu_and_multi_layout(name, grouped_quantization
     # quantized one by one, the module's by one grouped call each).
     layers = [layer.cuda() for layer in separate_layers(single, qrecipe.nn.Linear,
                                                         name=single.name)]
-    x = torch.randn(sum(SPLITS), IN, device="cuda")
-    dy = torch.randn(sum(SPLITS), OUT, device="cuda")
+    x = torch.randn(sum(SPLITS), IN, device="cuda", dtype=dtype)
+    dy = torch.randn(sum(SPLITS), OUT, device="cuda", dtype=dtype)
     assert_all_equal(run_grouped(single, x, dy, SPLITS, qrecipe.Recipe.builtin(name)),
                      run_separate(layers, x, dy, SPLITS, qrecipe.Recipe.builtin(name)))
 
