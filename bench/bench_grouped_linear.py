@@ -27,16 +27,14 @@ A config is experts x tokens x in x out. The qrecipe package must be importable
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import statistics
 import sys
 
 import torch
 
 import qrecipe
-from bench_linear import paired_ratio, time_interleaved  # the same timing as bench_linear
+# The same timing and results file as bench_linear.
+from bench_linear import paired_ratio, time_interleaved, write_results
 
 
 def routed_splits(experts: int, tokens: int, seed: int) -> list:
@@ -130,18 +128,11 @@ def main() -> int:
     records = []
     for config in [c for c in args.configs.split(",") if c]:
         records += bench_config(config, recipes, args)
-    result = {"device": device_name,
-              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-              "commit": os.environ.get("QRECIPE_COMMIT", "unknown"),
-              "note": "qrecipe.nn.GroupedLinear training step (all experts' fprop, dgrad, "
-                      "wgrad and quantizations), eager, against the same experts as separate "
-                      "qrecipe.nn.Linear layers and as BF16 torch.nn.Linear layers, samples "
-                      "interleaved; ratio = other time / grouped time (median of per-round "
-                      "ratios)",
-              "records": records}
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {args.out}")
+    write_results(args.out, device_name, records,
+                  "qrecipe.nn.GroupedLinear training step (all experts' fprop, dgrad, wgrad and "
+                  "quantizations), eager, against the same experts as separate qrecipe.nn.Linear "
+                  "layers and as BF16 torch.nn.Linear layers, samples interleaved; ratio = other "
+                  "time / grouped time (median of per-round ratios)")
     return 0
 
 

@@ -106,6 +106,18 @@ def paired_ratio(numerator: list, denominator: list) -> float:
     return statistics.median(n / d for n, d in zip(numerator, denominator))
 
 
+def write_results(path: str, device_name: str, records: list, note: str) -> None:
+    """One benchmark file of the results format (tools/bench_table.py reads it): device,
+    date, commit ($QRECIPE_COMMIT), note, records."""
+    result = {"device": device_name,
+              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+              "commit": os.environ.get("QRECIPE_COMMIT", "unknown"),
+              "note": note, "records": records}
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {path}")
+
+
 # ---------------------------------------------------------------- floor: GEMMs
 def native_operand(q, direction: str) -> dict:
     """The raw_cublaslt_gemm arguments of one direction of a quantized tensor: its data and
@@ -465,18 +477,12 @@ def main() -> int:
             "ratio": 1.0, "ratio_to": "bf16"})
         print(f"torch.nn.Linear BF16 step {bf16_ms:.3f} ms (median of every recipe's samples)")
 
-    result = {"device": device_name,
-              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-              "commit": os.environ.get("QRECIPE_COMMIT", "unknown"),
-              "note": "qrecipe.nn.Linear training step (fprop + dgrad + wgrad, all quantization "
-                      "included), eager; floor = raw cuBLASLt GEMMs + minimum quantization "
-                      "bytes copied, executed in the same process, samples interleaved with "
-                      "the steps; ratio_to floor: floor/time; ratio_to bf16: torch.nn.Linear "
-                      "BF16 time / time (median of per-round ratios)",
-              "records": records}
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {args.out}")
+    write_results(args.out, device_name, records,
+                  "qrecipe.nn.Linear training step (fprop + dgrad + wgrad, all quantization "
+                  "included), eager; floor = raw cuBLASLt GEMMs + minimum quantization bytes "
+                  "copied, executed in the same process, samples interleaved with the steps; "
+                  "ratio_to floor: floor/time; ratio_to bf16: torch.nn.Linear BF16 time / time "
+                  "(median of per-round ratios)")
     return 1 if failures else 0
 
 

@@ -219,10 +219,7 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
                         const qr_quantize_args& args, std::span<qr_quantized_tensor* const> dst) {
     require_supported_device("quantize_grouped", src.device);
     if (src.device.type != QR_DEVICE_CUDA) {
-      sdk::for_each_group(src, group_rows, dst,
-                          [&](const qr_tensor_view& rows, qr_quantized_tensor& out) {
-                            quantize(rows, args, out);
-                          });
+      sdk::quantize_each_group(*this, src, group_rows, args, dst);
       return;
     }
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)

@@ -205,10 +205,7 @@ class Float8Quantizer final : public sdk::QuantizerBase {
                         const qr_quantize_args& args, std::span<qr_quantized_tensor* const> dst) {
     sdk::check_source_view(src, "float8");
     if (src.device.type != QR_DEVICE_CUDA) {
-      sdk::for_each_group(src, group_rows, dst,
-                          [&](const qr_tensor_view& rows, qr_quantized_tensor& out) {
-                            quantize(rows, args, out);
-                          });
+      sdk::quantize_each_group(*this, src, group_rows, args, dst);
       return;
     }
     quantize_grouped_cuda(src, group_rows, args, dst);

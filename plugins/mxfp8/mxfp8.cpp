@@ -203,10 +203,7 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
     // On CUDA, large groups take the one-tensor kernel each: its tuned tiles outrun the
     // grouped kernel's simple ones there, and its launches are too few to matter (same bytes).
     if (src.device.type != QR_DEVICE_CUDA || few_large_groups(group_rows)) {
-      sdk::for_each_group(src, group_rows, dst,
-                          [&](const qr_tensor_view& rows, qr_quantized_tensor& out) {
-                            quantize(rows, args, out);
-                          });
+      sdk::quantize_each_group(*this, src, group_rows, args, dst);
       return;
     }
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)

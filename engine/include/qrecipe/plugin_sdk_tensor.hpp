@@ -162,6 +162,17 @@ void for_each_group(const qr_tensor_view& src, std::span<const std::int64_t> gro
   }
 }
 
+// The grouped extra by its definition, through the plugin's own one-tensor `quantize`: what a
+// format runs where it has no grouped kernel (its CPU reference, or shapes a kernel skips).
+template <class Quantizer>
+void quantize_each_group(Quantizer& quantizer, const qr_tensor_view& src,
+                         std::span<const std::int64_t> group_rows, const qr_quantize_args& args,
+                         std::span<qr_quantized_tensor* const> dst) {
+  for_each_group(src, group_rows, dst, [&](const qr_tensor_view& rows, qr_quantized_tensor& out) {
+    quantizer.quantize(rows, args, out);
+  });
+}
+
 // Calls fn(offset) with the element offset of every element of v in logical row-major order.
 // The view is walked with an N-D counter, so any strides (0, negative, padded) are fine.
 template <class Fn>
