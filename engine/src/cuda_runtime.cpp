@@ -115,12 +115,16 @@ int query_device_count() noexcept {
 
 namespace detail {
 
+// On every engine call's path: the messages are built only on failure, and the device is set
+// only when it is not current already.
 DeviceGuard::DeviceGuard(int index, const char* what) {
-  const std::string during = std::string(" (while ") + what + ")";
-  check_cuda(cudaGetDevice(&previous_), "cudaGetDevice" + during, kCheckDevice);
-  check_cuda(cudaSetDevice(index), "cudaSetDevice(" + std::to_string(index) + ")" + during,
-             kCheckDevice);
+  const cudaError_t got = cudaGetDevice(&previous_);
+  if (got != cudaSuccess) check_cuda(got, std::string("cudaGetDevice (while ") + what + ")", kCheckDevice);
   changed_ = previous_ != index;
+  if (!changed_) return;
+  const cudaError_t set = cudaSetDevice(index);
+  if (set != cudaSuccess)
+    check_cuda(set, "cudaSetDevice(" + std::to_string(index) + ") (while " + what + ")", kCheckDevice);
 }
 
 DeviceGuard::~DeviceGuard() {
@@ -171,6 +175,16 @@ void copy_to_host(void* dst, const void* src, std::size_t bytes, void* stream) {
 
 void copy_to_device(void* dst, const void* src, std::size_t bytes, void* stream) {
   copy(dst, src, bytes, stream, cudaMemcpyHostToDevice, "host to device");
+}
+
+void zero_async(void* ptr, std::size_t bytes, Device device, void* stream) {
+  if (bytes == 0) return;
+  QR_CHECK(device.is_cuda(), "zero_async needs a CUDA device, got ", device.str());
+  DeviceGuard guard(device.index, "zeroing device memory");
+  const cudaError_t status = cudaMemsetAsync(ptr, 0, bytes, static_cast<cudaStream_t>(stream));
+  if (status != cudaSuccess)
+    check_cuda(status, "cudaMemsetAsync(" + std::to_string(bytes) + " bytes on " + device.str() + ")",
+               kCheckDevice);
 }
 
 void synchronize(Device device, void* stream) {
@@ -244,6 +258,7 @@ std::shared_ptr<Allocator> cuda_allocator() { throw_no_cuda("cuda_allocator"); }
 void copy_to_host(void*, const void*, std::size_t, void*) { throw_no_cuda("copy_to_host"); }
 void copy_to_device(void*, const void*, std::size_t, void*) { throw_no_cuda("copy_to_device"); }
 void synchronize(Device, void*) { throw_no_cuda("synchronize"); }
+void zero_async(void*, std::size_t, Device, void*) { throw_no_cuda("zero_async"); }
 void* allocate_async(std::size_t, Device, void*) { throw_no_cuda("allocate_async"); }
 void free_async(void*, std::size_t, Device, void*) noexcept {}  // nothing can have been allocated
 

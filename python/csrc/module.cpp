@@ -11,7 +11,6 @@
 //
 // The Python package adds the torch-facing behaviour (autograd, modules, autocast); this file
 // only translates types, so every numeric decision stays in the engine and the plugins.
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/utils/pybind.h>  // pybind11 with the at::Tensor caster
 
 #include <pybind11/stl.h>
@@ -85,16 +84,9 @@ py::object quantizer_or_none(const std::shared_ptr<Engine>& engine,
   return py::cast(PyQuantizer{engine, q});
 }
 
-// torch's current stream on `t`'s device as a cudaStream_t (nullptr for CPU tensors), read
-// through c10's device-generic interface so this file needs no CUDA headers and builds
-// against CPU-only torch too. Every engine call on CUDA tensors is ordered on this stream,
-// like torch's own kernels.
-void* cuda_current_stream(int device) {
-  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
-      ->getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)))
-      .native_handle();
-}
-
+// torch's current stream on `t`'s device (nullptr for CPU tensors; cuda_current_stream in
+// torch_interop). Every engine call on CUDA tensors is ordered on this stream, like torch's
+// own kernels.
 void* current_stream(const at::Tensor& t) {
   return t.is_cuda() ? cuda_current_stream(t.device().index()) : nullptr;
 }

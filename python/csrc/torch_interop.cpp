@@ -1,10 +1,16 @@
 // Zero-copy bridges between torch tensors and qrecipe (see torch_interop.hpp).
 #include "torch_interop.hpp"
 
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "qrecipe/cuda.hpp"
 #include "qrecipe/error.hpp"
 
 namespace qrecipe::python {
@@ -63,16 +69,29 @@ at::Tensor alias_tensor(const TensorView& view, std::shared_ptr<const void> owne
       view.data(), sizes, [keep = std::move(owner)](void*) mutable { keep.reset(); }, options);
 }
 
+void* cuda_current_stream(int device) {
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
+      ->getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)))
+      .native_handle();
+}
+
 void* TorchAllocator::allocate(std::size_t bytes, Device device) {
-  // Over-allocate so the pointer handed out can be rounded up to kAlignment (torch's CPU
-  // allocator only guarantees 64 bytes).
-  const auto options = at::TensorOptions().dtype(at::kByte).device(torch_device(device));
-  at::Tensor t = at::empty({static_cast<std::int64_t>(bytes + kAlignment)}, options);
-  const auto base = reinterpret_cast<std::uintptr_t>(t.data_ptr());
+  // torch's allocator itself, not at::empty: the same memory (on CUDA the caching allocator,
+  // on the device's current stream) without building a tensor, which cost ~7 us of host time
+  // per buffer on an H100 machine. Over-allocate so the pointer handed out can be rounded up
+  // to kAlignment (torch's CPU allocator only guarantees 64 bytes).
+  c10::DataPtr owner;
+  if (device.is_cpu()) {
+    owner = c10::GetCPUAllocator()->allocate(bytes + kAlignment);
+  } else {
+    const c10::DeviceGuard on_device(torch_device(device));
+    owner = c10::GetAllocator(c10::DeviceType::CUDA)->allocate(bytes + kAlignment);
+  }
+  const auto base = reinterpret_cast<std::uintptr_t>(owner.get());
   const std::uintptr_t mask = ~std::uintptr_t(kAlignment - 1);
   void* aligned = reinterpret_cast<void*>((base + kAlignment - 1) & mask);
   std::lock_guard<std::mutex> lock(mutex_);
-  live_.emplace(aligned, std::move(t));
+  live_.emplace(aligned, std::move(owner));
   return aligned;
 }
 
@@ -87,10 +106,9 @@ void TorchAllocator::zero(void* ptr, std::size_t bytes, Device device) {
     std::memset(ptr, 0, bytes);
     return;
   }
-  // Device memory: a non-owning byte view zeroed on the current stream.
-  at::from_blob(ptr, {static_cast<std::int64_t>(bytes)},
-                at::TensorOptions().dtype(at::kByte).device(torch_device(device)))
-      .zero_();
+  // Device memory: a memset on torch's current stream (a from_blob tensor's zero_() did the
+  // same for ~20 us of host time per buffer on an H100 machine).
+  zero_async(ptr, bytes, device, cuda_current_stream(device.index));
 }
 
 std::size_t TorchAllocator::live_allocations() const {

@@ -1,8 +1,8 @@
 // Zero-copy bridges between torch tensors and the engine's types (DESIGN.md section 8).
 //
 //   to_view(tensor)        a qrecipe::TensorView over a torch tensor's memory (no copy)
-//   TorchAllocator         an Allocator whose bytes are torch tensors, so quantized buffers come
-//                          from torch's allocator (the caching allocator on CUDA)
+//   TorchAllocator         an Allocator whose bytes come from torch's allocator (the caching
+//                          allocator on CUDA), zeroed on torch's current stream
 //   alias_tensor(view, o)  a torch tensor over engine-owned memory that keeps `o` alive
 //
 // Ownership: a TensorView from to_view is valid while the torch tensor lives and is not
@@ -28,6 +28,11 @@ at::ScalarType storage_dtype(DType type);
 at::Device torch_device(Device device);
 Device engine_device(const at::Device& device, const char* what);
 
+// torch's current stream on CUDA device `device` as a cudaStream_t, read through c10's
+// device-generic interface so the adapter needs no CUDA headers and builds against CPU-only
+// torch too.
+void* cuda_current_stream(int device);
+
 // A view of `t`'s memory. `t` must be contiguous and of a dtype engine_dtype accepts; `what`
 // names the tensor in errors ("input of qrecipe.quantize").
 TensorView to_view(const at::Tensor& t, const char* what);
@@ -46,8 +51,8 @@ class TorchAllocator final : public Allocator {
 
  private:
   mutable std::mutex mutex_;
-  // Aligned pointer handed out -> the torch tensor that owns the bytes.
-  std::unordered_map<void*, at::Tensor> live_;
+  // Aligned pointer handed out -> torch's allocation that owns the bytes.
+  std::unordered_map<void*, c10::DataPtr> live_;
 };
 
 // One process-wide instance: every engine the adapter makes allocates through it.

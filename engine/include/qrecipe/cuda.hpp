@@ -50,6 +50,12 @@ void copy_to_device(void* dst, const void* src, std::size_t bytes, void* stream 
 // Waits until all work queued on `stream` of `device` (nullptr: legacy default stream) is done.
 void synchronize(Device device, void* stream = nullptr);
 
+// Zeroes `bytes` of device memory at `ptr` by cudaMemsetAsync on `stream` of `device`
+// (nullptr: legacy default stream), without synchronizing: work queued on that stream
+// afterwards sees the zeros. bytes == 0 does nothing. (An allocator backed by stream-ordered
+// memory, like the torch adapter's, zeroes its buffers with it.)
+void zero_async(void* ptr, std::size_t bytes, Device device, void* stream);
+
 // Stream-ordered scratch memory (the host table's scratch_alloc / scratch_free): `bytes` from
 // the default memory pool of `device` by cudaMallocAsync on `stream`, zero-filled by
 // cudaMemsetAsync on that stream, so work queued on `stream` afterwards may use it; no host
