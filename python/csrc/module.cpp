@@ -123,12 +123,10 @@ GemmKind parse_gemm_kind(const std::string& name) {
   QR_THROW("GEMM kind '", name, "' is not known; expected 'fprop', 'dgrad' or 'wgrad'");
 }
 
-void gemm(const py::object& a, const std::string& direction_a, const py::object& b,
-          const std::string& direction_b, const at::Tensor& out, bool accumulate, float alpha,
-          const std::optional<std::string>& kind, const std::optional<at::Tensor>& bias) {
-  const GemmOperand oa = make_operand(a, direction_a, "operand A");
-  const GemmOperand ob = make_operand(b, direction_b, "operand B");
-  const TensorView vout = to_view(out, "GEMM output");
+// The options of one GEMM into `out` (its stream: torch's current one on out's device).
+GemmOptions gemm_options(const at::Tensor& out, bool accumulate, float alpha,
+                         const std::optional<std::string>& kind,
+                         const std::optional<at::Tensor>& bias) {
   GemmOptions options;
   options.accumulate = accumulate;
   options.alpha = alpha;
@@ -146,8 +144,59 @@ void gemm(const py::object& a, const std::string& direction_a, const py::object&
   }
   // Which GEMM of a linear layer: decides a native FP8 GEMM's accumulation (fast for fprop).
   if (kind) options.kind = parse_gemm_kind(*kind);
+  return options;
+}
+
+void gemm(const py::object& a, const std::string& direction_a, const py::object& b,
+          const std::string& direction_b, const at::Tensor& out, bool accumulate, float alpha,
+          const std::optional<std::string>& kind, const std::optional<at::Tensor>& bias) {
+  const GemmOperand oa = make_operand(a, direction_a, "operand A");
+  const GemmOperand ob = make_operand(b, direction_b, "operand B");
+  const TensorView vout = to_view(out, "GEMM output");
+  const GemmOptions options = gemm_options(out, accumulate, alpha, kind, bias);
   py::gil_scoped_release no_gil;
   qrecipe::gemm(oa, ob, vout, options);
+}
+
+// gemm() for each i of equally long lists, in order, with one crossing into C++: the experts
+// of a GroupedLinear, whose per-call Python cost dominated small experts. Every item's
+// arguments are converted (types, dtypes, bias) before the first GEMM runs; the engine's own
+// checks (shapes, devices) run item by item. An error names the item.
+void gemm_many(const py::list& a, const std::string& direction_a, const py::list& b,
+               const std::string& direction_b, const py::list& out, bool accumulate,
+               const std::optional<std::string>& kind, const std::optional<py::list>& bias) {
+  const std::size_t n = a.size();
+  QR_CHECK(b.size() == n && out.size() == n && (!bias || bias->size() == n),
+           "gemm_many: the lists must be equally long; got ", n, " A operands, ", b.size(),
+           " B operands, ", out.size(), " outputs", bias ? " and " + std::to_string(bias->size()) +
+           " biases" : std::string());
+  struct Item {
+    GemmOperand a, b;
+    TensorView out;
+    GemmOptions options;
+  };
+  std::vector<Item> items;
+  items.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    try {
+      const at::Tensor t = out[i].cast<at::Tensor>();
+      std::optional<at::Tensor> item_bias;
+      if (bias && !(*bias)[i].is_none()) item_bias = (*bias)[i].cast<at::Tensor>();
+      items.push_back({make_operand(a[i], direction_a, "operand A"),
+                       make_operand(b[i], direction_b, "operand B"), to_view(t, "GEMM output"),
+                       gemm_options(t, accumulate, 1.0f, kind, item_bias)});
+    } catch (const Error& e) {
+      QR_THROW_CODE(e.code(), "gemm_many item ", i, ": ", e.what());
+    }
+  }
+  py::gil_scoped_release no_gil;
+  for (std::size_t i = 0; i < n; ++i) {
+    try {
+      qrecipe::gemm(items[i].a, items[i].b, items[i].out, items[i].options);
+    } catch (const Error& e) {
+      QR_THROW_CODE(e.code(), "gemm_many item ", i, ": ", e.what());
+    }
+  }
 }
 
 at::Tensor dequantize(const PyQuantized& q, const std::string& direction, at::ScalarType dtype) {
@@ -524,6 +573,12 @@ void bind(py::module_& m) {
         "out = alpha * opA . opB^T (+ out) (+ bias): see engine/include/qrecipe/gemm.hpp. kind: "
         "'fprop', 'dgrad' or 'wgrad' when the GEMM belongs to a linear layer; bias: FP32 "
         "[outer(B)] on the output's device. CUDA work runs on torch's current stream.");
+  m.def("gemm_many", &gemm_many, py::arg("a"), py::arg("direction_a"), py::arg("b"),
+        py::arg("direction_b"), py::arg("out"), py::arg("accumulate") = false,
+        py::arg("kind") = std::nullopt, py::arg("bias") = std::nullopt,
+        "gemm(a[i], direction_a, b[i], direction_b, out[i], ...) for each i, in order, in one "
+        "call (lists of equal length; bias: a list of tensors or None). Types and dtypes are "
+        "checked before the first GEMM runs, shapes item by item; errors name the item.");
   m.def("live_allocations", [] { return torch_allocator()->live_allocations(); },
         "Buffers the adapter's torch-backed allocator holds now (for leak tests).");
   bind_grouped(m);

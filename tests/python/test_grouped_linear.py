@@ -671,3 +671,39 @@ def test_odd_widths_match_separate_layers(name, device):
     want = run_separate(layers, x, dy, splits, qrecipe.Recipe.builtin(name))
     assert_all_equal(got, want)
 
+
+
+@pytest.mark.parametrize("name", ["default", "nvfp4"])
+def test_large_expert_backward_path_matches_separate_layers(name, monkeypatch):
+    """Large native experts take the per-expert backward (each expert's dgrad beside its
+    wgrad on two CUDA streams) instead of the batched one: forced here on the CPU, where the
+    streams do not apply, the numbers are the same."""
+    from qrecipe.nn import grouped_linear_function
+    monkeypatch.setattr(grouped_linear_function, "_overlap_backward", lambda *args: True)
+    dtype = DTYPE.get(name, torch.float32)
+    module = grouped(False, dtype=dtype)
+    layers = separate_layers(module, qrecipe.nn.Linear, name=module.name)
+    x = torch.randn(sum(SPLITS), IN, dtype=dtype)
+    dy = torch.randn(sum(SPLITS), OUT, dtype=dtype)
+    assert_all_equal(run_grouped(module, x, dy, SPLITS, qrecipe.Recipe.builtin(name)),
+                     run_separate(layers, x, dy, SPLITS, qrecipe.Recipe.builtin(name)))
+
+
+def test_gemm_many_equals_gemm_per_item_and_names_a_bad_item():
+    from qrecipe import _C
+    recipe = qrecipe.Recipe.default()
+    q = recipe.quantizer("linear", "input", "fc")._cpp
+    a = [q.quantize(torch.randn(m, 32), 1) for m in (8, 0, 24)]
+    b = [torch.randn(16, 32) for _ in range(3)]
+    bias = [torch.randn(16), None, torch.randn(16).bfloat16()]
+    many = [torch.empty(m, 16) for m in (8, 0, 24)]
+    _C.gemm_many(a, "rowwise", b, "rowwise", many, kind="fprop", bias=bias)
+    for i in range(3):
+        one = torch.empty_like(many[i])
+        _C.gemm(a[i], "rowwise", b[i], "rowwise", one, kind="fprop", bias=bias[i])
+        assert torch.equal(one, many[i])
+    with pytest.raises(qrecipe.QrecipeError, match="equally long; got 3 A operands, 2 B"):
+        _C.gemm_many(a, "rowwise", b[:2], "rowwise", many)
+    bad = [torch.empty(8, 16), torch.empty(0, 16), torch.empty(24, 15)]
+    with pytest.raises(qrecipe.QrecipeError, match="gemm_many item 2: .*GEMM output is 24x15"):
+        _C.gemm_many(a, "rowwise", b, "rowwise", bad)

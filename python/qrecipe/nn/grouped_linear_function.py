@@ -7,8 +7,10 @@ Numerics are those of ``num_gemms`` separate ``qrecipe.nn.Linear`` layers sharin
 a grouped call gives every group the bytes and scales of quantizing its rows alone, with the
 shared quantizer's state advanced as by one call per group in expert order (a
 stochastic-rounding role gives expert ``i`` the ``i``-th offset of the call; a delayed-scaling
-role records every group's amax). The per-expert GEMMs are linear_function's (``linear_forward``
-and ``linear_backward``), writing straight into rows of one output and one input gradient.
+role records every group's amax). The experts' GEMMs are linear_function's, each kind issued
+for all experts in one engine call (``_C.gemm_many``: small experts are bound by host time),
+writing straight into rows of one output and one input gradient; large native experts run
+their backward expert by expert (``linear_backward``, dgrad beside wgrad on two streams).
 
 Where a grouped call would change which directions an expert's tensor is quantized with (the
 experts' weights disagree on ``requires_grad``), that tensor is quantized per expert instead.
@@ -21,8 +23,10 @@ from typing import List, Optional, Sequence
 import torch
 
 from .._engine import _C
-from .linear_function import (LinearRoles, _COLUMNWISE, _ROWWISE, backward_usage,
-                              linear_backward, linear_forward)
+from .linear_function import (LinearRoles, _COLUMNWISE, _ROWWISE, _engine_bias,
+                              _gemm_output, _keep_columnwise, _main_grad_of, _operand,
+                              _overlap_backward, backward_usage, gemm_destination, gemm_result,
+                              linear_backward)
 
 
 def _quantize_rows(quantizer, tensor: torch.Tensor, group_rows: List[int], usage: int):
@@ -68,24 +72,60 @@ def _grouped_operands(quantizer, tensor: torch.Tensor, call: GroupedCall, usages
 def grouped_forward(x: torch.Tensor, call: GroupedCall, weights: Sequence[torch.Tensor],
                     biases: Sequence[Optional[torch.Tensor]], saving: bool):
     """y [tokens, out] of every expert; returns (y, saved) with saved[i] = (x operand for
-    wgrad, W operand for dgrad) of expert i (None, None when not `saving`)."""
+    wgrad, W operand for dgrad) of expert i (None, None when not `saving`).
+
+    What linear_forward does for one layer, for every expert at once: the operands (inputs
+    by one grouped call), then every fprop GEMM in one engine call (_C.gemm_many), writing
+    into the rows of y, then what backward keeps."""
     in_features, out_features = weights[0].shape[1], weights[0].shape[0]
     x2 = x.reshape(-1, in_features).contiguous()
     y = torch.empty((x2.shape[0], out_features), dtype=x.dtype, device=x.device)
     usages = [_ROWWISE | (_COLUMNWISE if (saving and w) else 0) for w in call.need_wgrad]
     x_ops = _grouped_operands(call.roles.input, x2, call, usages)
+    need_dgrad = saving and call.need_dgrad
+    w_usage = _ROWWISE | (_COLUMNWISE if need_dgrad else 0)
+    rows = list(call.row_ranges())
+    x_ops = [op if op is not None else _operand(call.roles.input, x2[r0:r1], usage)
+             for op, (r0, r1), usage in zip(x_ops, rows, usages)]
+    w_ops = [op if op is not None else _operand(call.roles.weight, w.contiguous(), w_usage)
+             for op, w in zip(call.weight_ops, weights)]
+    outs = [gemm_destination(r1 - r0, out_features, x, x.dtype, y[r0:r1]) for r0, r1 in rows]
+    engine_biases = [_engine_bias(b) for b in biases]
+    _C.gemm_many(x_ops, "rowwise", w_ops, "rowwise", outs, kind="fprop",
+                 bias=engine_biases if any(b is not None for b in engine_biases) else None)
     saved = []
-    for i, (r0, r1) in enumerate(call.row_ranges()):
-        need_wgrad = saving and call.need_wgrad[i]
-        need_dgrad = saving and call.need_dgrad
-        _, pair = linear_forward(x2[r0:r1], weights[i], biases[i], call.roles, need_dgrad,
-                                 need_wgrad, call.weight_ops[i], x_ops[i], y_into=y[r0:r1])
-        op = call.weight_ops[i]
-        if call.trim_weight_ops and op is not None and op.has("rowwise") and \
-                op.has("columnwise"):
-            op.drop("rowwise")  # fprop is done; dgrad reads the columnwise copy
-        saved.append(pair)
+    for i, (r0, r1) in enumerate(rows):
+        gemm_result(outs[i], x.dtype, y[r0:r1])
+        given = call.weight_ops[i]
+        if call.trim_weight_ops and given is not None and given.has("rowwise") and \
+                given.has("columnwise"):
+            given.drop("rowwise")  # fprop is done; dgrad reads the columnwise copy
+        saved_x = _keep_columnwise(x_ops[i]) if saving and call.need_wgrad[i] else None
+        saved_w = None
+        if need_dgrad:  # a weight operand given by the caller is kept as it is
+            saved_w = w_ops[i] if given is not None else _keep_columnwise(w_ops[i])
+        saved.append((saved_x, saved_w))
     return y, saved
+
+
+def _batched_wgrad(dy2, dy_ops, saved_x, need_wgrad, main_grads, w_dtypes, out_features,
+                   in_features) -> List[Optional[torch.Tensor]]:
+    """Every expert's weight gradient dW_i = dy_i^T x_i in one engine call (the experts that
+    need one): into a new [out, in] tensor each, or accumulated into main_grad (FP32, the
+    weight then gets no gradient, as in linear_backward)."""
+    experts = [i for i, need in enumerate(need_wgrad) if need]
+    dws: List[Optional[torch.Tensor]] = [None] * len(need_wgrad)
+    if not experts:
+        return dws
+    accumulate = main_grads[experts[0]] is not None  # fuse_wgrad_accumulation: all or none
+    outs = [_main_grad_of(main_grads[i], out_features, in_features, dy2.device) if accumulate
+            else _gemm_output(out_features, in_features, dy2, w_dtypes[i]) for i in experts]
+    _C.gemm_many([dy_ops[i] for i in experts], "columnwise", [saved_x[i] for i in experts],
+                 "columnwise", outs, accumulate=accumulate, kind="wgrad")
+    if not accumulate:
+        for i, out in zip(experts, outs):
+            dws[i] = out if out.dtype == w_dtypes[i] else out.to(w_dtypes[i])
+    return dws
 
 
 class GroupedLinearFunction(torch.autograd.Function):
@@ -125,15 +165,38 @@ class GroupedLinearFunction(torch.autograd.Function):
         dy_ops = _grouped_operands(call.roles.grad_output, dy2, call, usages)
         dws: List[Optional[torch.Tensor]] = [None] * n
         dbs: List[Optional[torch.Tensor]] = [None] * len(ctx.bias_dtypes)
-        for i, (r0, r1) in enumerate(call.row_ranges()):
-            saved_x = ctx.saved_q[i][0] if ctx.saved_q[i][0] is not None else dense[2 * i]
-            saved_w = ctx.saved_q[i][1] if ctx.saved_q[i][1] is not None else dense[2 * i + 1]
-            _, dws[i] = linear_backward(
-                dy2[r0:r1], saved_x, saved_w, call.roles, x_shape=(r1 - r0, in_features),
-                x_dtype=ctx.x_dtype, w_dtype=ctx.w_dtypes[i], need_dgrad=need_dgrad,
-                need_wgrad=need_wgrad[i],
-                main_grad_weight=call.main_grad_weights[i] if need_wgrad[i] else None,
-                dy_op=dy_ops[i], dx_into=dx[r0:r1] if dx is not None else None)
+        rows = list(call.row_ranges())
+        saved_x = [ctx.saved_q[i][0] if ctx.saved_q[i][0] is not None else dense[2 * i]
+                   for i in range(n)]
+        saved_w = [ctx.saved_q[i][1] if ctx.saved_q[i][1] is not None else dense[2 * i + 1]
+                   for i in range(n)]
+        main_grads = [call.main_grad_weights[i] if need_wgrad[i] else None for i in range(n)]
+        # Large native experts run each expert's dgrad beside its wgrad on two streams
+        # (linear_backward); small ones, whose host time dominates, run batched.
+        per_expert = any(need_dgrad and need_wgrad[i] and _overlap_backward(
+            call.roles.plan, dy2, (r1 - r0) * in_features * out_features)
+            for i, (r0, r1) in enumerate(rows))
+        if per_expert:
+            for i, (r0, r1) in enumerate(rows):
+                _, dws[i] = linear_backward(
+                    dy2[r0:r1], saved_x[i], saved_w[i], call.roles,
+                    x_shape=(r1 - r0, in_features), x_dtype=ctx.x_dtype,
+                    w_dtype=ctx.w_dtypes[i], need_dgrad=need_dgrad, need_wgrad=need_wgrad[i],
+                    main_grad_weight=main_grads[i], dy_op=dy_ops[i],
+                    dx_into=dx[r0:r1] if dx is not None else None)
+        else:
+            dy_ops = [op if op is not None or not usage
+                      else _operand(call.roles.grad_output, dy2[r0:r1], usage)
+                      for op, usage, (r0, r1) in zip(dy_ops, usages, rows)]
+            if need_dgrad:
+                outs = [gemm_destination(r1 - r0, in_features, dy2, ctx.x_dtype, dx[r0:r1])
+                        for r0, r1 in rows]
+                _C.gemm_many(dy_ops, "rowwise", saved_w, "columnwise", outs, kind="dgrad")
+                for out, (r0, r1) in zip(outs, rows):
+                    gemm_result(out, ctx.x_dtype, dx[r0:r1])
+            dws = _batched_wgrad(dy2, dy_ops, saved_x, need_wgrad, main_grads, ctx.w_dtypes,
+                                 out_features, in_features)
+        for i, (r0, r1) in enumerate(rows):
             if dbs and ctx.needs_input_grad[2 + n + i]:
                 dbs[i] = dy2[r0:r1].float().sum(0).to(ctx.bias_dtypes[i])
         ctx.saved_q = None

@@ -108,10 +108,24 @@ def _gemm(kind: str, a, direction_a: str, b, direction_b: str, rows: int, cols: 
     `out_dtype` (rows of a larger output) that receives the result instead; returned. The
     GEMM writes it directly when it starts on a 16-byte boundary (what a fresh tensor gives
     cuBLASLt; rows of an odd width may not), else through a fresh tensor and a copy."""
-    direct = out_dtype in (torch.float32, torch.bfloat16)
-    out = (into if into is not None and direct and into.data_ptr() % 16 == 0
-           else _gemm_output(rows, cols, like, out_dtype))
+    out = gemm_destination(rows, cols, like, out_dtype, into)
     _C.gemm(a, direction_a, b, direction_b, out, kind=kind, bias=_engine_bias(bias))
+    return gemm_result(out, out_dtype, into)
+
+
+def gemm_destination(rows: int, cols: int, like: torch.Tensor, out_dtype: torch.dtype,
+                     into: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The tensor a GEMM of `_gemm` writes: `into` itself when the engine can write it (FP32 or
+    BF16, on a 16-byte boundary), else a fresh one (_gemm_output)."""
+    direct = out_dtype in (torch.float32, torch.bfloat16)
+    if into is not None and direct and into.data_ptr() % 16 == 0:
+        return into
+    return _gemm_output(rows, cols, like, out_dtype)
+
+
+def gemm_result(out: torch.Tensor, out_dtype: torch.dtype,
+                into: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """What `_gemm` returns once the engine wrote `out` (gemm_destination's tensor)."""
     if into is not None and out is not into:
         return into.copy_(out)  # converts FP32 to `out_dtype` too
     return out if out.dtype == out_dtype else out.to(out_dtype)
@@ -147,26 +161,22 @@ def _overlap_backward(plan: dict, dy: torch.Tensor, macs: int) -> bool:
 
 
 def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                   roles: LinearRoles, need_dgrad: bool, need_wgrad: bool, weight_op=None,
-                   x_op=None, y_into: Optional[torch.Tensor] = None):
+                   roles: LinearRoles, need_dgrad: bool, need_wgrad: bool, weight_op=None):
     """Returns (y, saved) where saved = (x operand for wgrad, W operand for dgrad).
 
     `weight_op`: an already quantized weight operand holding the directions needed (a cached
-    or a stored one); it is used as is and never trimmed. `x_op`: `x` already quantized by
-    the caller with the directions needed (GroupedLinear's grouped quantization of every
-    expert's rows); it becomes the saved operand. `y_into`: the [tokens, out] tensor (rows
-    of a larger output) fprop writes into."""
+    or a stored one); it is used as is and never trimmed. (GroupedLinear does the same for
+    all its experts at once: grouped_linear_function.grouped_forward.)"""
     in_features = weight.shape[1]
     x2 = x.reshape(-1, in_features).contiguous()
-    if x_op is None:
-        x_op = _operand(roles.input, x2, _ROWWISE | (_COLUMNWISE if need_wgrad else 0))
+    x_op = _operand(roles.input, x2, _ROWWISE | (_COLUMNWISE if need_wgrad else 0))
     if weight_op is not None:
         w_op = weight_op
     else:
         w_op = _operand(roles.weight, weight.contiguous(),
                         _ROWWISE | (_COLUMNWISE if need_dgrad else 0))
     y = _gemm("fprop", x_op, "rowwise", w_op, "rowwise", x2.shape[0], weight.shape[0], x,
-              x.dtype, bias, into=y_into)
+              x.dtype, bias)
     y = y.reshape(*x.shape[:-1], weight.shape[0])
     saved_x = _keep_columnwise(x_op) if need_wgrad else None
     saved_w = None
