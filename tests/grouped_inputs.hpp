@@ -10,9 +10,23 @@
 #include <vector>
 
 #include "qrecipe/conversions.hpp"
+#include "qrecipe/engine.hpp"
 #include "qrecipe/tensor.hpp"
 
 namespace qrecipe::test {
+
+// Every delayed-scaling state of `e` as numbers (amax history, then scale and scale_inv): two
+// engines that quantized alike, grouped or group by group, hold equal states.
+inline std::vector<std::vector<float>> states_of(const Engine& e) {
+  std::vector<std::vector<float>> out;
+  for (std::size_t i = 0; i < e.scaling_states().size(); ++i) {
+    auto v = e.scaling_values(i);
+    v.amax_history.push_back(v.scale);
+    v.amax_history.push_back(v.scale_inv);
+    out.push_back(v.amax_history);
+  }
+  return out;
+}
 
 // Consecutive row groups of `cols` columns (Engine::quantize_grouped's group_rows).
 struct GroupLayout {

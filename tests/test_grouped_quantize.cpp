@@ -57,6 +57,7 @@ const Spec kSpecs[] = {
 const std::set<std::string> kFormatsWithExtra = {"float8", "mxfp8", "blockwise", "nvfp4"};
 
 using Layout = test::GroupLayout;
+using test::states_of;
 using test::total_rows;
 // Odd and empty groups, partial blocks and tiles everywhere, one group, all-empty groups.
 const Layout kLayouts[] = {
@@ -139,17 +140,6 @@ bool compare_once(Engine& ge, Quantizer& grouped, Quantizer& reference, const Te
   for (std::size_t g = 0; g < got.size(); ++g)
     check_same(want[g], got[g], what + " group " + std::to_string(g));
   return true;
-}
-
-std::vector<std::vector<float>> states_of(const Engine& e) {
-  std::vector<std::vector<float>> out;
-  for (std::size_t i = 0; i < e.scaling_states().size(); ++i) {
-    auto v = e.scaling_values(i);
-    v.amax_history.push_back(v.scale);
-    v.amax_history.push_back(v.scale_inv);
-    out.push_back(v.amax_history);
-  }
-  return out;
 }
 
 }  // namespace

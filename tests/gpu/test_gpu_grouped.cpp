@@ -57,6 +57,7 @@ const Spec kSpecs[] = {
 };
 
 using Layout = test::GroupLayout;
+using test::states_of;
 using test::total_rows;
 
 std::vector<Layout> layouts() {
@@ -132,17 +133,6 @@ int compare(const QuantizedTensor& cpu, const QuantizedTensor& gpu, const std::s
     }
   }
   return bad;
-}
-
-std::vector<std::vector<float>> states_of(const Engine& e) {
-  std::vector<std::vector<float>> out;
-  for (std::size_t i = 0; i < e.scaling_states().size(); ++i) {
-    auto v = e.scaling_values(i);
-    v.amax_history.push_back(v.scale);
-    v.amax_history.push_back(v.scale_inv);
-    out.push_back(v.amax_history);
-  }
-  return out;
 }
 
 std::string yaml_of(const char* spec) {
