@@ -115,16 +115,15 @@ int query_device_count() noexcept {
 
 namespace detail {
 
-// On every engine call's path: the messages are built only on failure, and the device is set
-// only when it is not current already.
+// On every engine call's path, so the messages are built only on failure. cudaSetDevice runs
+// even when the device is current already (cuda_device_guard.hpp says why).
 DeviceGuard::DeviceGuard(int index, const char* what) {
   const cudaError_t got = cudaGetDevice(&previous_);
   if (got != cudaSuccess) check_cuda(got, std::string("cudaGetDevice (while ") + what + ")", kCheckDevice);
-  changed_ = previous_ != index;
-  if (!changed_) return;
   const cudaError_t set = cudaSetDevice(index);
   if (set != cudaSuccess)
     check_cuda(set, "cudaSetDevice(" + std::to_string(index) + ") (while " + what + ")", kCheckDevice);
+  changed_ = previous_ != index;
 }
 
 DeviceGuard::~DeviceGuard() {
