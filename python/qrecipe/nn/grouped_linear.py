@@ -13,8 +13,9 @@ expert ``i`` at ``[i*out, (i+1)*out)``); otherwise ``weight0`` .. ``weight{n-1}`
 
 Numerics: each expert is exactly a ``qrecipe.nn.Linear`` on its rows (the same GEMMs, each
 expert's input, weight and output gradient quantized as tensors of their own, so their scales
-are those separate layers would have); outputs are concatenated in expert order. Roles: module_type ``grouped_linear``, name = the module's name for every
-expert, so the experts share one quantizer per role: a delayed-scaling role keeps one amax
+are those separate layers would have); outputs are concatenated in expert order. Roles:
+module_type ``grouped_linear``, name = the module's name for every expert, so the experts
+share one quantizer per role: a delayed-scaling role keeps one amax
 history for all experts (their max), and a stochastic-rounding role one call counter. An
 expert with no rows still runs (empty GEMMs), so every expert's weight gets a gradient (zero)
 and is quantized each step whatever the routing.
@@ -222,10 +223,10 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
                     for i, (xi, wi, bi) in enumerate(zip(xs, weights, self.expert_biases()))]
             return torch.cat(outs, dim=0).reshape(*x.shape[:-1], self.out_features)
         _autocast.note_step_activity(recipe)
-        return self._grouped_forward(x, splits, weights, roles, is_first_microbatch)
+        return self._grouped_forward(x, splits, weights, recipe, roles, is_first_microbatch)
 
     def _grouped_forward(self, x: torch.Tensor, splits: List[int], weights: List[torch.Tensor],
-                         roles, is_first_microbatch: Optional[bool]) -> torch.Tensor:
+                         recipe, roles, is_first_microbatch: Optional[bool]) -> torch.Tensor:
         """Every expert under `roles` as one autograd node (grouped_linear_function.py): the
         experts' inputs and output gradients each quantized by one grouped call."""
         biases = self.expert_biases()
@@ -234,8 +235,8 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
         need_wgrad = [grad and w.requires_grad for w in weights]
         needs_bias_grad = grad and any(b is not None and b.requires_grad for b in biases)
         grouped = self.single_grouped_parameter and not isinstance(self.weight, QuantizedWeight)
-        weight_ops = (self._grouped_weight_operands(x, weights, is_first_microbatch, roles)
-                      if grouped else None)
+        weight_ops = (self._grouped_weight_operands(x, weights, is_first_microbatch, recipe,
+                                                    roles) if grouped else None)
         trim = weight_ops is not None and is_first_microbatch is None
         if weight_ops is None:
             who = self._who()
@@ -254,7 +255,7 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
         return GroupedLinearFunction.apply(x, call, *weights, *bias_params)
 
     def _grouped_weight_operands(self, x: torch.Tensor, weights: List[torch.Tensor],
-                                 is_first_microbatch: Optional[bool],
+                                 is_first_microbatch: Optional[bool], recipe,
                                  roles) -> Optional[list]:
         """Every expert's quantized weight from ONE grouped quantization of the single
         parameter, with the directions the experts' GEMMs need (as quantized_linear would
@@ -266,7 +267,6 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
             return None
         if roles.weight is None:
             return None
-        recipe = _autocast.current_recipe()
         grad = torch.is_grad_enabled()
         usage = _ROWWISE | (_COLUMNWISE if grad and x.requires_grad else 0)
         if is_first_microbatch and grad:
