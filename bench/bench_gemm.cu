@@ -510,7 +510,7 @@ std::optional<Record> measure(const Options& o, const Config& c, const Shape& s,
 
   // The raw cuBLASLt GEMM of the same precision, layout and shape.
   RawSpec r;
-  r.m = s.n;  // cuBLAS m = our N (see engine/src/gemm_cuda.cpp)
+  r.m = s.n;  // cuBLAS m = our N (see engine/src/gemm/cuda/gemm_cuda.cpp)
   r.n = s.m;
   r.k = s.k;
   if (c.raw == Raw::fp8 && plan.path == GemmPlan::Path::native) {

@@ -1,8 +1,8 @@
 // qrecipe._C.raw_cublaslt_gemm (see raw_gemm.hpp).
 //
 // out[M, N] = A[M, K] . B[N, K]^T with both operands stored K-major, issued as exactly one
-// qrecipe::cublaslt::matmul (engine/src/cublaslt.hpp: the engine's handle, workspace,
-// prepared descriptors and heuristic choice) in the TN form engine/src/gemm_cuda.cpp gives a
+// qrecipe::cublaslt::matmul (engine/src/gemm/cuda/cublaslt.hpp: the engine's handle, workspace,
+// prepared descriptors and heuristic choice) in the TN form engine/src/gemm/cuda/gemm_cuda.cpp gives a
 // native GEMM (its transposition convention: cuBLAS A_c = our B, B_c = our A, m = N, n = M).
 // Nothing else runs: no plan, no decode, no epilogue kernel, so its time is the raw cuBLASLt
 // time of that precision, layout and shape. It is a benchmark floor, not an engine entry
@@ -16,7 +16,7 @@
 #include <optional>
 #include <string>
 
-#include "cublaslt.hpp"  // engine/src (internal); libqrecipe exports its functions
+#include "gemm/cuda/cublaslt.hpp"  // engine/src (internal); libqrecipe exports its functions
 #include "qrecipe/error.hpp"
 #endif
 

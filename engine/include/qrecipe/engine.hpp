@@ -25,7 +25,7 @@
 namespace qrecipe {
 
 namespace detail {
-class DeviceScalingTable;  // engine/src/scaling_cuda.hpp (CUDA builds)
+class DeviceScalingTable;  // engine/src/scaling/scaling_cuda.hpp (CUDA builds)
 }
 
 // One delayed-scaling state (amax history + scale) owned by the engine. Its buffers live on

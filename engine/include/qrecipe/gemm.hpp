@@ -11,8 +11,8 @@
 // decodes it) or a high-precision F32/BF16 tensor with the same meaning of direction.
 //
 // Execution: on the CPU every GEMM is the reference path (both operands decoded to FP32, FP32
-// accumulation, blocked and multi-threaded, deterministic). On CUDA (engine/src/gemm_cuda.cpp),
-// pairs the table marks native go to cuBLASLt (loaded lazily, see engine/src/cublaslt.hpp) and
+// accumulation, blocked and multi-threaded, deterministic). On CUDA (engine/src/gemm/cuda/gemm_cuda.cpp),
+// pairs the table marks native go to cuBLASLt (loaded lazily, see engine/src/gemm/cuda/cublaslt.hpp) and
 // all others are emulated on the GPU: each operand decoded to BF16 by the engine's own
 // layout-driven decoders, the per-tensor factors (FP8 scale_inv, NVFP4's tensor factor) moved
 // into a device-side alpha, then one BF16 cuBLASLt GEMM with FP32 accumulation (DESIGN.md

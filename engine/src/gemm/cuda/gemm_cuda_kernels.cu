@@ -12,7 +12,7 @@
 // operands in one launch. FP8 codes go through the hardware FP8 -> F16 conversion (exact),
 // E2M1 through a byte-permutation table. Every multiplication is a plain multiply of two
 // exact values whose product is exact or checked (-fmad=false, no FTZ).
-#include "gemm_cuda_kernels.hpp"
+#include "gemm/cuda/gemm_cuda_kernels.hpp"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -57,7 +57,7 @@ __global__ void bf16_to_f32_kernel(const std::uint16_t* __restrict__ src, float*
     dst[i] = num::bf16_to_f32(src[i]);
 }
 
-// One element of the reference epilogue (gemm.cpp): alpha * AB, + out, + bias, then round.
+// One element of the reference epilogue (gemm/gemm_cpu.cpp): alpha * AB, + out, + bias, then round.
 __device__ __forceinline__ float epilogue(float product, float old, bool accumulate, float bias,
                                           bool has_bias) {
   float v = product;
@@ -608,7 +608,7 @@ __global__ void __launch_bounds__(kExactThreads) exact_gemm_kernel(const __grid_
       }
       __syncthreads();
     }
-    // The reference epilogue: alpha * AB, + old output, + bias, then round (gemm.cpp).
+    // The reference epilogue: alpha * AB, + old output, + bias, then round (gemm/gemm_cpu.cpp).
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const std::int64_t row = i0 + (i < 4 ? 4 * ty + i : 64 + 4 * ty + (i - 4));

@@ -5,7 +5,7 @@
 #include <string_view>
 
 #include "qrecipe/recipe.hpp"
-#include "recipe_internal.hpp"
+#include "recipe/internal.hpp"
 
 namespace qrecipe {
 namespace recipe_internal {

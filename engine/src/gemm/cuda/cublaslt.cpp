@@ -7,7 +7,7 @@
 //   3. RAII owners of cuBLASLt descriptors; per-thread handles and workspaces
 //   4. prepared GEMMs: the cache key, descriptor setup, the heuristic
 //   5. matmul()
-#include "cublaslt.hpp"
+#include "gemm/cuda/cublaslt.hpp"
 
 #include <dlfcn.h>
 

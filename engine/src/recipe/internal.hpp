@@ -1,9 +1,9 @@
-// Internal to the recipe implementation (engine/src/recipe*.cpp), never installed: what the
+// Internal to the recipe implementation (engine/src/recipe/*.cpp), never installed: what the
 // parser, the validator and the Recipe members share. DESIGN.md section 5.
 //
-//   recipe_glob.cpp      glob_match, RuleMatch, and the pattern check the parser uses
-//   recipe_parse.cpp     YAML text -> ParsedRecipe (structure only, option values as text)
-//   recipe_validate.cpp  specs x the loaded plugins' schemas -> typed specs or Problems
+//   glob.cpp             glob_match, RuleMatch, and the pattern check the parser uses
+//   parse.cpp            YAML text -> ParsedRecipe (structure only, option values as text)
+//   validate.cpp         specs x the loaded plugins' schemas -> typed specs or Problems
 //   recipe.cpp           the Recipe members (load, parse, check, validate, resolve)
 //
 // The parser and the validator collect every problem they find (a Problem is a location, a
@@ -86,7 +86,7 @@ inline std::string number_str(double v) {
   return std::string(buffer, result.ptr);
 }
 
-// Why `pattern` is not a valid name glob ("" when it is): recipe_glob.cpp.
+// Why `pattern` is not a valid name glob ("" when it is): glob.cpp.
 std::string glob_problem(std::string_view pattern);
 
 // What the parser reads from a recipe file before validation.

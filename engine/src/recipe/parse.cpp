@@ -1,6 +1,6 @@
 // The recipe parser (DESIGN.md section 5): YAML text -> rules and untyped quantizer specs,
 // every structural problem collected with its file:line:column and key path. Option values
-// stay scalar text here; recipe_validate.cpp types them against the plugins' schemas.
+// stay scalar text here; validate.cpp types them against the plugins' schemas.
 //
 // How to add a new top-level or match key: add it to kTopLevelKeys / kMatchKeys (the lists
 // feed the "allowed keys" messages), handle it in the Parser, and document it in
@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "recipe_internal.hpp"
+#include "recipe/internal.hpp"
 
 namespace qrecipe::recipe_internal {
 namespace {

@@ -5,7 +5,7 @@
 
 namespace qrecipe::detail {
 
-// gemm() for operands and output that all live on one CUDA device (gemm.cpp has checked the
+// gemm() for operands and output that all live on one CUDA device (gemm/dispatch.cpp has checked the
 // shapes, the output dtype and contiguity, and that the devices agree). Returns the plan that ran.
 GemmPlan gemm_cuda(const GemmOperand& a, const GemmOperand& b, const TensorView& out,
                    const GemmOptions& options);

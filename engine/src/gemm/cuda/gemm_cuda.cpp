@@ -28,7 +28,7 @@
 // An operand that is not K-major (a dense or dequantized columnwise operand, stored [K, outer])
 // flips its op: our B becomes column-major N x K with ld N and op N; our A column-major M x K
 // with ld M and op T. Only BF16 and FP32 GEMMs ever see that.
-#include "gemm_cuda.hpp"
+#include "gemm/cuda/gemm_cuda.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -38,9 +38,9 @@
 #include <string>
 #include <utility>
 
-#include "cublaslt.hpp"
+#include "gemm/cuda/cublaslt.hpp"
 #include "cuda_device_guard.hpp"
-#include "gemm_cuda_kernels.hpp"
+#include "gemm/cuda/gemm_cuda_kernels.hpp"
 #include "qrecipe/cuda.hpp"
 #include "qrecipe/error.hpp"
 

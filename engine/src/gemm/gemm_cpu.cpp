@@ -1,46 +1,15 @@
-// GEMM execution: operand decoding and the CPU reference product (see gemm.hpp).
-#include "qrecipe/gemm.hpp"
-
+// The CPU back end of qrecipe::gemm: every operand decoded to FP32 through its quantizer (the
+// format's reference dequantize), an FP32 product with a fixed summation order, then the
+// epilogue. This is the reference every CUDA GEMM is checked against.
 #include <algorithm>
 #include <cstring>
-#include <sstream>
 #include <thread>
 #include <vector>
 
+#include "gemm/gemm_cpu.hpp"
 #include "qrecipe/conversions.hpp"
 
-#if defined(QRECIPE_WITH_CUDA)
-#include "gemm_cuda.hpp"
-#endif
-
 namespace qrecipe {
-
-const char* gemm_kind_name(GemmKind kind) {
-  switch (kind) {
-    case GemmKind::fprop: return "fprop";
-    case GemmKind::dgrad: return "dgrad";
-    case GemmKind::wgrad: return "wgrad";
-  }
-  return "?";
-}
-
-Device GemmOperand::device() const {
-  if (tensor) return Device::from_c(tensor->direction(direction).data.device);
-  return high_precision.device();
-}
-
-std::string GemmOperand::str() const {
-  std::ostringstream os;
-  if (tensor) {
-    const auto& l = tensor->direction(direction).layout;
-    os << (l.format ? l.format : tensor->format().c_str()) << " "
-       << dtype_name(static_cast<DType>(l.data_dtype));
-  } else {
-    os << dtype_name(high_precision.dtype());
-  }
-  os << " [" << rows() << "x" << cols() << "] " << direction_name(direction);
-  return os.str();
-}
 
 namespace {
 
@@ -116,34 +85,11 @@ void reference_gemm_f32(const float* a, const float* b, float* out, std::int64_t
   for (auto& th : pool) th.join();
 }
 
-GemmPlan gemm(const GemmOperand& a, const GemmOperand& b, const TensorView& out,
-              const GemmOptions& options) {
-  QR_CHECK(a.inner() == b.inner(), "GEMM contraction mismatch: A is ", a.str(), " (contracts over ",
-           a.inner(), ") but B is ", b.str(), " (contracts over ", b.inner(), ")");
-  const std::int64_t m = a.outer(), n = b.outer(), k = a.inner();
-  QR_CHECK(out.rows() == m && out.cols() == n, "GEMM output is ", out.rows(), "x", out.cols(),
-           " but A=", a.str(), " and B=", b.str(), " give ", m, "x", n);
-  QR_CHECK(out.dtype() == DType::f32 || out.dtype() == DType::bf16,
-           "GEMM output must be f32 or bf16, got ", dtype_name(out.dtype()));
-  QR_CHECK(out.is_contiguous(), "GEMM output must be contiguous");
-  QR_CHECK(options.bias_dtype == DType::f32 || options.bias_dtype == DType::bf16,
-           "GEMM bias must be f32 or bf16, got ", dtype_name(options.bias_dtype));
-  const Device da = a.device(), db = b.device(), dout = out.device();
-  if (!(da.is_cpu() && db.is_cpu() && dout.is_cpu())) {
-    QR_CHECK_CODE(da == db && db == dout, QR_STATUS_UNSUPPORTED, "GEMM with A=", a.str(), " on ",
-                  da.str(), ", B=", b.str(), " on ", db.str(), " and the output on ", dout.str(),
-                  ": operands and output must live on one device (move them there first); a "
-                  "CUDA operand never falls back to the CPU");
-#if defined(QRECIPE_WITH_CUDA)
-    return detail::gemm_cuda(a, b, out, options);
-#else
-    QR_THROW_CODE(QR_STATUS_UNSUPPORTED, "GEMM on ", dout.str(), " (A=", a.str(), ", B=", b.str(),
-                  "): this build of qrecipe has no CUDA (QRECIPE_CUDA=OFF); rebuild with "
-                  "-DQRECIPE_CUDA=ON or keep the tensors on the CPU. A CUDA operand never "
-                  "falls back to the CPU");
-#endif
-  }
+namespace detail {
 
+GemmPlan gemm_cpu(const GemmOperand& a, const GemmOperand& b, const TensorView& out,
+                  const GemmOptions& options) {
+  const std::int64_t m = a.outer(), n = b.outer(), k = a.inner();
   const std::vector<float> fa = decode_inner_contiguous(a);
   const std::vector<float> fb = decode_inner_contiguous(b);
   std::vector<float> acc(static_cast<std::size_t>(m * n));
@@ -182,4 +128,5 @@ GemmPlan gemm(const GemmOperand& a, const GemmOperand& b, const TensorView& out,
           dense ? "both operands unquantized" : "CPU: decoded operands, FP32 accumulation"};
 }
 
+}  // namespace detail
 }  // namespace qrecipe

@@ -1,5 +1,5 @@
 // One launch updates every delayed-scaling state of a device (see scaling_cuda.hpp).
-#include "scaling_cuda.hpp"
+#include "scaling/scaling_cuda.hpp"
 
 #include <cuda_runtime.h>
 

@@ -124,7 +124,7 @@ struct ExactOperand {
   const float* factor_ptr = nullptr;
 };
 
-// out [m, n] = the CPU reference GEMM of gemm.cpp on the same operands, up to the order of
+// out [m, n] = the CPU reference GEMM of gemm/gemm_cpu.cpp on the same operands, up to the order of
 // the FP32 sums: every element decoded as the plugin's reference dequantize does (code *
 // block scale, then * per-tensor factor; NVFP4 (q * s) * S_dec), FP32 accumulation, then
 // v = alpha * acc; v += old (accumulate); v += bias[j]; stored as FP32 or rounded to BF16.

@@ -1,6 +1,6 @@
 // Recipe (recipe.hpp, DESIGN.md section 5): loading, parsing and validating a recipe and
-// resolving roles against its rules. The work is in recipe_parse.cpp, recipe_validate.cpp and
-// recipe_glob.cpp (recipe_internal.hpp says what they share).
+// resolving roles against its rules. The work is in parse.cpp, validate.cpp and glob.cpp
+// (internal.hpp says what they share).
 #include "qrecipe/recipe.hpp"
 
 #include <cerrno>
@@ -8,7 +8,7 @@
 #include <cstring>
 #include <string>
 
-#include "recipe_internal.hpp"
+#include "recipe/internal.hpp"
 
 namespace qrecipe {
 

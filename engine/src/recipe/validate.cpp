@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "recipe_internal.hpp"
+#include "recipe/internal.hpp"
 
 namespace qrecipe {
 namespace recipe_internal {

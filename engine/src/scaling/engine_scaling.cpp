@@ -1,0 +1,219 @@
+// Engine: the delayed-scaling states it owns (created on a plugin's request, moved between
+// devices, read and written for checkpoints, and updated once per step on the CPU or by one
+// CUDA launch per device, scaling/scaling_cuda.cu).
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "qrecipe/cuda.hpp"
+#include "qrecipe/engine.hpp"
+#include "qrecipe/scaling.hpp"
+#include "scaling/scaling_cuda.hpp"
+
+namespace qrecipe {
+
+qr_scaling_state Engine::acquire_scaling_state(const qr_scaling_request& request,
+                                               const std::string& owner) {
+  QR_CHECK(request.history_len >= 1, "delayed scaling needs amax_history_len >= 1, got ",
+           request.history_len);
+  QR_CHECK(request.fp8_max > 0.0f, "delayed scaling needs a positive fp8_max, got ",
+           request.fp8_max);
+  const Device device = Device::from_c(request.device);
+  QR_CHECK_CODE(device.is_cpu() || device.is_cuda(), QR_STATUS_UNSUPPORTED,
+                "delayed-scaling state requested on unknown device type ", request.device.type,
+                " by ", owner, "; expected cpu or cuda");
+  // CUDA states come from the CUDA allocator (throws UNSUPPORTED in a build without CUDA).
+  const std::shared_ptr<Allocator> allocator = device.is_cpu() ? allocator_ : cuda_allocator();
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto s = std::make_unique<ScalingState>();
+  s->request = request;
+  s->owner = owner;
+  const auto n = static_cast<std::size_t>(request.history_len);
+  s->history = Buffer(allocator, n * sizeof(float), device);  // zero-filled
+  s->scale = Buffer(allocator, sizeof(float), device);
+  s->scale_inv = Buffer(allocator, sizeof(float), device);
+  const float one = 1.0f;  // DESIGN: history zeros, scale 1.0
+  if (device.is_cpu()) {
+    *static_cast<float*>(s->scale.data()) = one;
+    *static_cast<float*>(s->scale_inv.data()) = one;
+  } else {
+    copy_to_device(s->scale.data(), &one, sizeof one);
+    copy_to_device(s->scale_inv.data(), &one, sizeof one);
+  }
+  s->c.struct_size = sizeof(qr_scaling_state);
+  s->c.amax_history = static_cast<float*>(s->history.data());
+  s->c.scale = static_cast<float*>(s->scale.data());
+  s->c.scale_inv = static_cast<float*>(s->scale_inv.data());
+  s->c.history_len = request.history_len;
+  s->c.device = request.device;
+  states_.push_back(std::move(s));
+  ++states_version_;
+  return states_.back()->c;
+}
+
+qr_scaling_state Engine::move_scaling_state(const float* amax_history, const qr_device& device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ScalingState* s = nullptr;
+  for (const auto& state : states_)
+    if (state->c.amax_history == amax_history) s = state.get();
+  QR_CHECK(s != nullptr, "move_scaling_state: no scaling state of this engine has its amax "
+           "history at ", static_cast<const void*>(amax_history),
+           "; pass the state this engine's scaling_state_acquire returned");
+  const Device from = Device::from_c(s->c.device), to = Device::from_c(device);
+  QR_CHECK_CODE(to.is_cpu() || to.is_cuda(), QR_STATUS_UNSUPPORTED,
+                "delayed-scaling state of ", s->owner, " cannot move to device type ",
+                device.type, "; expected cpu or cuda");
+  if (from == to) return s->c;
+  // The values, through the host: history, then scale, scale_inv.
+  const auto n = static_cast<std::size_t>(s->c.history_len);
+  std::vector<float> values(n + 2);
+  if (from.is_cpu()) {
+    std::copy(s->c.amax_history, s->c.amax_history + n, values.begin());
+    values[n] = *s->c.scale;
+    values[n + 1] = *s->c.scale_inv;
+  } else {
+    copy_to_host(values.data(), s->c.amax_history, n * sizeof(float));
+    copy_to_host(&values[n], s->c.scale, sizeof(float));
+    copy_to_host(&values[n + 1], s->c.scale_inv, sizeof(float));
+  }
+  const std::shared_ptr<Allocator> allocator = to.is_cpu() ? allocator_ : cuda_allocator();
+  Buffer history(allocator, n * sizeof(float), to);
+  Buffer scale(allocator, sizeof(float), to);
+  Buffer scale_inv(allocator, sizeof(float), to);
+  if (to.is_cpu()) {
+    std::copy(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(n),
+              static_cast<float*>(history.data()));
+    *static_cast<float*>(scale.data()) = values[n];
+    *static_cast<float*>(scale_inv.data()) = values[n + 1];
+  } else {
+    copy_to_device(history.data(), values.data(), n * sizeof(float));
+    copy_to_device(scale.data(), &values[n], sizeof(float));
+    copy_to_device(scale_inv.data(), &values[n + 1], sizeof(float));
+  }
+  s->history = std::move(history);
+  s->scale = std::move(scale);
+  s->scale_inv = std::move(scale_inv);
+  s->c.amax_history = static_cast<float*>(s->history.data());
+  s->c.scale = static_cast<float*>(s->scale.data());
+  s->c.scale_inv = static_cast<float*>(s->scale_inv.data());
+  s->c.device = device;
+  s->request.device = device;
+  ++states_version_;
+  return s->c;
+}
+
+std::vector<float> Engine::current_amaxes() const {
+  std::vector<float> out;
+  out.reserve(states_.size());
+  for (const auto& s : states_) {
+    float row0 = 0.0f;
+    if (s->c.device.type == QR_DEVICE_CPU)
+      row0 = s->c.amax_history[0];
+    else
+      copy_to_host(&row0, s->c.amax_history, sizeof row0);
+    out.push_back(row0);
+  }
+  return out;
+}
+
+Engine::ScalingValues Engine::scaling_values(std::size_t index) const {
+  QR_CHECK(index < states_.size(), "scaling state ", index, " does not exist; this engine has ",
+           states_.size());
+  const ScalingState& s = *states_[index];
+  ScalingValues v;
+  const auto n = static_cast<std::size_t>(s.c.history_len);
+  v.amax_history.resize(n);
+  if (s.c.device.type == QR_DEVICE_CPU) {
+    std::copy(s.c.amax_history, s.c.amax_history + n, v.amax_history.begin());
+    v.scale = *s.c.scale;
+    v.scale_inv = *s.c.scale_inv;
+  } else {
+    copy_to_host(v.amax_history.data(), s.c.amax_history, n * sizeof(float));
+    copy_to_host(&v.scale, s.c.scale, sizeof(float));
+    copy_to_host(&v.scale_inv, s.c.scale_inv, sizeof(float));
+  }
+  return v;
+}
+
+void Engine::set_scaling_values(std::size_t index, const ScalingValues& values) {
+  QR_CHECK(index < states_.size(), "scaling state ", index, " does not exist; this engine has ",
+           states_.size());
+  ScalingState& s = *states_[index];
+  const auto n = static_cast<std::size_t>(s.c.history_len);
+  QR_CHECK(values.amax_history.size() == n, "scaling state of ", s.owner,
+           " has an amax history of ", n, " steps, the values to load have ",
+           values.amax_history.size(), "; load a checkpoint made with the same amax_history_len");
+  // In place: quantizers hold these pointers.
+  if (s.c.device.type == QR_DEVICE_CPU) {
+    std::copy(values.amax_history.begin(), values.amax_history.end(), s.c.amax_history);
+    *s.c.scale = values.scale;
+    *s.c.scale_inv = values.scale_inv;
+  } else {
+    copy_to_device(s.c.amax_history, values.amax_history.data(), n * sizeof(float));
+    copy_to_device(s.c.scale, &values.scale, sizeof(float));
+    copy_to_device(s.c.scale_inv, &values.scale_inv, sizeof(float));
+  }
+}
+
+void Engine::update_scaling() { update_scaling_on_streams({}); }
+
+void Engine::update_scaling_on_streams(const StreamFor& stream_for) {
+  std::vector<std::size_t> all(states_.size());
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+  update_states(all, {}, stream_for);
+}
+
+void Engine::update_scaling(const std::vector<float>& reduced_amaxes) {
+  QR_CHECK(reduced_amaxes.size() == states_.size(), "update_scaling got ", reduced_amaxes.size(),
+           " amaxes for ", states_.size(), " scaling states; pass current_amaxes() after reducing it");
+  std::vector<std::size_t> all(states_.size());
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+  update_states(all, reduced_amaxes, {});
+}
+
+void Engine::update_scaling_of(const std::vector<std::size_t>& indices) {
+  for (std::size_t i : indices)
+    QR_CHECK(i < states_.size(), "scaling state ", i, " does not exist; this engine has ",
+             states_.size());
+  update_states(indices, {}, {});
+}
+
+void Engine::update_states(const std::vector<std::size_t>& indices,
+                           const std::vector<float>& reduced_amaxes, const StreamFor& stream_for) {
+  // CPU states update in place; CUDA states are grouped by device and each group is updated
+  // by one kernel launch (the same delayed_scaling_update, on the device).
+  const bool own_row0 = reduced_amaxes.empty();
+  std::map<int, std::vector<detail::DeviceScalingUpdate>> on_device;
+  for (std::size_t k = 0; k < indices.size(); ++k) {
+    auto& s = *states_[indices[k]];
+    if (s.c.device.type == QR_DEVICE_CPU) {
+      const float amax = own_row0 ? s.c.amax_history[0] : reduced_amaxes[k];
+      delayed_scaling_update(s.c.amax_history, s.c.history_len, s.c.scale, s.c.scale_inv, amax,
+                             s.request.algo_most_recent != 0, s.request.margin,
+                             s.request.fp8_max);
+      continue;
+    }
+    on_device[s.c.device.index].push_back(
+        {s.c.amax_history, s.c.scale, s.c.scale_inv, s.c.history_len,
+         s.request.algo_most_recent, s.request.margin, s.request.fp8_max,
+         own_row0 ? 0.0f : reduced_amaxes[k], own_row0 ? 1 : 0});
+  }
+  // The device copy of a table is reused while the states stay put and the whole set updates
+  // with its own row 0 (every training step); anything else uploads a fresh table.
+  const bool reusable = own_row0 && indices.size() == states_.size();
+  for (const auto& [device, updates] : on_device) {
+#if defined(QRECIPE_WITH_CUDA)
+    auto& table = device_tables_[device];
+    if (!table) table = std::make_shared<detail::DeviceScalingTable>(device);
+    void* stream = stream_for ? stream_for(device) : nullptr;
+    table->run(updates, reusable ? states_version_ : 0, stream);
+#else
+    (void)reusable, (void)stream_for;  // used by the CUDA build only
+    QR_THROW_CODE(QR_STATUS_UNSUPPORTED, updates.size(), " delayed-scaling state(s) on cuda:",
+                  device, " but this build of libqrecipe has no CUDA");
+#endif
+  }
+}
+
+}  // namespace qrecipe
