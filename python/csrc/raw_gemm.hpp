@@ -7,7 +7,8 @@
 
 namespace qrecipe::python {
 
-// torch's current CUDA stream of a device, as a cudaStream_t (module.cpp has the one reader).
+// torch's current CUDA stream of a device, as a cudaStream_t (torch_interop's
+// cuda_current_stream, which bind_gemm.cpp passes).
 using CurrentStreamFn = void* (*)(int device);
 
 // Adds raw_cublaslt_gemm to `m` in builds whose engine has CUDA GEMMs (QRECIPE_RAW_GEMM is

@@ -1,0 +1,221 @@
+// qrecipe._C: Quantizer (a resolved quantizer: quantize a torch tensor, describe itself),
+// QuantizedTensor (bytes and scales per direction as torch tensors aliasing engine buffers)
+// and the grouped quantization of row groups (GroupedLinear's experts).
+#include <pybind11/stl.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "py_types.hpp"
+#include "qrecipe/engine.hpp"
+#include "qrecipe/spec.hpp"
+
+namespace qrecipe::python {
+namespace {
+
+py::dict layout_dict(const qr_direction_layout& l) {
+  py::dict d;
+  d["format"] = l.format ? std::string(l.format) : std::string();
+  d["data_dtype"] = std::string(dtype_name(static_cast<DType>(l.data_dtype)));
+  d["data_shape"] = std::vector<std::int64_t>(l.data_shape, l.data_shape + l.data_ndim);
+  d["data_transposed"] = l.data_transposed != 0;
+  static const char* const kScaleModes[] = {"none", "tensor", "block", "block+tensor"};
+  d["scale_mode"] = (l.scale_mode >= 0 && l.scale_mode < 4) ? kScaleModes[l.scale_mode] : "unknown";
+  d["scale_dtype"] = std::string(dtype_name(static_cast<DType>(l.scale_dtype)));
+  d["scale_shape"] = std::vector<std::int64_t>(l.scale_shape, l.scale_shape + l.scale_ndim);
+  d["scale_transposed"] = l.scale_transposed != 0;
+  d["block"] = py::make_tuple(l.block_rows, l.block_cols);
+  d["has_amax"] = l.has_amax != 0;
+  return d;
+}
+
+PyQuantized quantize(const PyQuantizer& q, const at::Tensor& src, std::uint32_t usage,
+                     std::optional<std::uint64_t> rng_offset) {
+  const TensorView view = to_view(src, "tensor to quantize");
+  QuantizeOptions options;
+  options.rng_offset = rng_offset;
+  options.stream = current_stream(src);
+  QuantizedTensor out;
+  {
+    py::gil_scoped_release no_gil;
+    out = q.quantizer->quantize(view, usage, options, torch_allocator());
+  }
+  return PyQuantized{std::make_shared<QuantizedTensor>(std::move(out)), q};
+}
+
+at::Tensor dequantize(const PyQuantized& q, const std::string& direction, at::ScalarType dtype) {
+  QR_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
+           "dequantize decodes to torch.float32 or torch.bfloat16, got ", c10::toString(dtype));
+  const qr_direction d = parse_direction(direction);
+  const auto& data = q.tensor->direction(d).data;  // throws if the direction is absent
+  const at::Tensor out = at::empty(
+      {q.tensor->rows(), q.tensor->cols()},
+      at::TensorOptions().dtype(dtype).device(torch_device(Device::from_c(data.device))));
+  void* stream = current_stream(out);
+  py::gil_scoped_release no_gil;
+  q.quantizer.quantizer->dequantize(*q.tensor, d, to_view(out, "dequantize output"), stream);
+  return out;
+}
+
+// A spec as the dictionary a recipe rule's quantizer would be written as (nested for the
+// hybrid format's halves): Recipe.from_dict({"defaults": spec_dict(...)}) makes it again.
+py::dict spec_dict(const QuantizerSpec& spec) {
+  py::dict d;
+  d["format"] = spec.format;
+  for (const auto& [key, value] : spec.options) {
+    switch (value.type) {
+      case QR_OPTION_BOOL: d[key.c_str()] = value.bool_value; break;
+      case QR_OPTION_INT: d[key.c_str()] = value.int_value; break;
+      case QR_OPTION_FLOAT: d[key.c_str()] = value.float_value; break;
+      case QR_OPTION_QUANTIZER:
+        if (value.spec) {
+          d[key.c_str()] = spec_dict(*value.spec);
+        } else {
+          py::dict none;
+          none["format"] = "none";
+          d[key.c_str()] = none;
+        }
+        break;
+      default: d[key.c_str()] = value.string_value; break;
+    }
+  }
+  return d;
+}
+
+// A quantized tensor of `q`'s layout whose buffers are copies of `buffers` ({direction:
+// {"data", "scale_inv", "amax": tensor or None}}): how a pickled or deep-copied quantized
+// weight is rebuilt from its plain tensors. Sizes and dtypes are checked against the layout.
+PyQuantized from_buffers(const PyQuantizer& q, std::int64_t rows, std::int64_t cols,
+                         std::uint32_t usage, const py::dict& buffers, const at::Device& device) {
+  QR_CHECK(usage != 0 && (usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0,
+           "from_buffers: usage must be rowwise (1), columnwise (2) or both (3), got ", usage);
+  std::array<qr_direction_layout, 2> layouts{};
+  for (auto d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
+    if (usage & usage_bit(d)) layouts[d] = q.quantizer->layout(rows, cols, d);
+  auto tensor = std::make_shared<QuantizedTensor>(q.quantizer->format(), rows, cols, usage,
+                                                  layouts, engine_device(device, "from_buffers"),
+                                                  torch_allocator());
+  for (auto d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+    if (!(usage & usage_bit(d))) continue;
+    const char* dname = direction_name(d);
+    QR_CHECK(buffers.contains(dname), "from_buffers: no '", dname, "' buffers given");
+    const auto given = buffers[dname].cast<py::dict>();
+    const auto& dd = tensor->direction(d);
+    const std::pair<const char*, const qr_tensor_view*> kinds[] = {
+        {"data", &dd.data}, {"scale_inv", &dd.scale_inv}, {"amax", &dd.amax}};
+    for (const auto& [kind, view] : kinds) {
+      if (view->data == nullptr) continue;
+      QR_CHECK(given.contains(kind) && !given[kind].is_none(), "from_buffers: the layout of ",
+               dname, " has a '", kind, "' buffer but none was given");
+      const auto src = given[kind].cast<at::Tensor>();
+      at::Tensor dst = alias_tensor(TensorView(*view), tensor);
+      QR_CHECK(src.scalar_type() == dst.scalar_type() && src.numel() == dst.numel(),
+               "from_buffers: ", dname, " ", kind, " must be ", c10::toString(dst.scalar_type()),
+               " with ", dst.numel(), " elements (layout ", dst.sizes(), "), got ",
+               c10::toString(src.scalar_type()), " of shape ", src.sizes());
+      dst.copy_(src.reshape(dst.sizes()));
+    }
+  }
+  return PyQuantized{tensor, q};
+}
+
+// ---------------------------------------------------------------- grouped quantization
+// Engine::quantize_grouped on a torch tensor (GroupedLinear's single grouped weight): one
+// QuantizedTensor per row group, each byte-identical to quantizer.quantize(rows of that group),
+// in ONE plugin call when the format fills the quantize_grouped extra (plugin_abi.h), otherwise
+// through the engine's per-group loop.
+std::vector<PyQuantized> quantize_grouped(const PyQuantizer& q, const at::Tensor& src,
+                                          const std::vector<std::int64_t>& group_rows,
+                                          std::uint32_t usage,
+                                          std::optional<std::uint64_t> rng_offset) {
+  QR_CHECK(q.engine != nullptr, "quantize_grouped: the quantizer has no engine; take it from "
+           "Engine.resolve or plan_linear");
+  const TensorView view = to_view(src, "tensor to quantize grouped");
+  QuantizeOptions options;
+  options.rng_offset = rng_offset;
+  options.stream = current_stream(src);
+  std::vector<QuantizedTensor> out;
+  {
+    py::gil_scoped_release no_gil;
+    out = q.engine->quantize_grouped(*q.quantizer, view, group_rows, usage, options,
+                                     torch_allocator());
+  }
+  std::vector<PyQuantized> result;
+  result.reserve(out.size());
+  for (auto& t : out) result.push_back(PyQuantized{std::make_shared<QuantizedTensor>(std::move(t)), q});
+  return result;
+}
+
+}  // namespace
+
+void bind_quantize(py::module_& m) {
+  py::class_<PyQuantizer>(m, "Quantizer")
+      .def_property_readonly("format", [](const PyQuantizer& q) { return q.quantizer->format(); })
+      .def_property_readonly("role", [](const PyQuantizer& q) { return q.quantizer->role().str(); })
+      .def_property_readonly("spec", [](const PyQuantizer& q) { return q.quantizer->spec().str(); })
+      .def("describe", [](const PyQuantizer& q) { return q.quantizer->describe(); })
+      .def("layout", [](const PyQuantizer& q, std::int64_t rows, std::int64_t cols,
+                        const std::string& direction) {
+        return layout_dict(q.quantizer->layout(rows, cols, parse_direction(direction)));
+      })
+      .def("quantize", &quantize, py::arg("tensor"), py::arg("usage"),
+           py::arg("rng_offset") = std::nullopt)
+      .def("spec_dict", [](const PyQuantizer& q) { return spec_dict(q.quantizer->spec()); },
+           "The quantizer's spec as a recipe-rule dictionary (format plus options).")
+      .def("from_buffers", &from_buffers, py::arg("rows"), py::arg("cols"), py::arg("usage"),
+           py::arg("buffers"), py::arg("device"),
+           "A quantized tensor of this quantizer's layout holding copies of `buffers`.");
+
+  py::class_<PyQuantized>(m, "QuantizedTensor")
+      .def_property_readonly("format", [](const PyQuantized& q) { return q.tensor->format(); })
+      .def_property_readonly("rows", [](const PyQuantized& q) { return q.tensor->rows(); })
+      .def_property_readonly("cols", [](const PyQuantized& q) { return q.tensor->cols(); })
+      .def_property_readonly("usage",
+                             [](const PyQuantized& q) { return usage_str(q.tensor->usage()); })
+      .def_property_readonly("quantizer", [](const PyQuantized& q) { return q.quantizer; })
+      .def("has", [](const PyQuantized& q, const std::string& d) {
+        return q.tensor->has(parse_direction(d));
+      })
+      .def("layout", [](const PyQuantized& q, const std::string& d) {
+        return layout_dict(q.direction(d).layout);
+      })
+      .def("data", [](const PyQuantized& q, const std::string& d) {
+        return q.buffer(q.direction(d).data);
+      })
+      .def("scale_inv", [](const PyQuantized& q, const std::string& d) {
+        return q.buffer(q.direction(d).scale_inv);
+      })
+      .def("amax", [](const PyQuantized& q, const std::string& d) {
+        return q.buffer(q.direction(d).amax);
+      })
+      .def("drop", [](PyQuantized& q, const std::string& d) { q.tensor->drop(parse_direction(d)); })
+      .def("requantize", [](PyQuantized& q, const at::Tensor& src) {
+        // In place, into the buffers it holds: every alias of the bytes sees the new values.
+        const TensorView view = to_view(src, "tensor to requantize");
+        QuantizeOptions options;
+        options.stream = current_stream(src);
+        py::gil_scoped_release no_gil;
+        q.quantizer.quantizer->quantize_into(view, *q.tensor, options);
+      }, py::arg("tensor"), "Quantizes `tensor` (same shape) into the directions held now.")
+      .def("dequantize", &dequantize, py::arg("direction"), py::arg("dtype"));
+
+  m.def("quantize_grouped", &quantize_grouped, py::arg("quantizer"), py::arg("tensor"),
+        py::arg("group_rows"), py::arg("usage"), py::arg("rng_offset") = std::nullopt,
+        "One QuantizedTensor per row group of `tensor` ([sum(group_rows), cols], leading dims "
+        "flattened), each byte-identical to quantizer.quantize(rows of that group); group g "
+        "uses rng_offset + g when an offset is given. One plugin call when the format has the "
+        "grouped extra (has_grouped_quantize), else one quantize per group.");
+  m.def("has_grouped_quantize", [](const PyQuantizer& q) { return Engine::has_grouped_quantize(*q.quantizer); },
+        py::arg("quantizer"),
+        "Whether the quantizer's plugin quantizes all groups in one call (the optional "
+        "quantize_grouped extra) rather than through the engine's per-group loop.");
+  m.def("live_allocations", [] { return torch_allocator()->live_allocations(); },
+        "Buffers the adapter's torch-backed allocator holds now (for leak tests).");
+}
+
+}  // namespace qrecipe::python
