@@ -18,7 +18,7 @@ clock and power drifts of the GPU hit all of them alike:
                  the raw BF16 GEMM of its shape. A copy of B quantization bytes is torch's
                  device copy moving B bytes (read + write).
   floor GEMMs    the three raw GEMMs alone (the floor's breakdown)
-  floor, two streams   where the step runs wgrad beside dgrad (qrecipe.nn.linear_function
+  floor, two streams   where the step runs wgrad beside dgrad (qrecipe.nn.linear_gemms
                  does for large native GEMMs on CUDA), the floor with its raw wgrad beside its
                  raw dgrad too: a stricter floor, reported beside (ratio_to floor keeps the
                  floor above, the sum of the raw GEMM times plus the copies)
@@ -58,7 +58,7 @@ import torch
 
 import qrecipe
 from qrecipe._engine import _C
-from qrecipe.nn import linear_function
+from qrecipe.nn import linear_gemms
 
 ROWWISE, COLUMNWISE = 1, 2
 GEMMS = ("fprop", "dgrad", "wgrad")
@@ -140,14 +140,13 @@ def raw_gemms(plan: dict, quantized: dict, dense: dict, outs: dict) -> list:
     calls = []
     for gemm in GEMMS:
         (ta, da), (tb, db) = GEMM_OPERANDS[gemm]
-        path = plan[gemm].split(": ", 1)[1]
-        if path.startswith("native"):
+        if plan[gemm].path == _C.GemmPath.native:
             a = native_operand(quantized[ta], da)
             b = native_operand(quantized[tb], db)
             args = dict(a=a["data"], a_dtype=a["dtype"], b=b["data"], b_dtype=b["dtype"],
                         out=outs[gemm], a_scale=a["scale"], a_scale_mode=a["scale_mode"],
                         b_scale=b["scale"], b_scale_mode=b["scale_mode"],
-                        fast_accumulation="fast accumulation" in path)
+                        fast_accumulation=plan[gemm].fast_accumulation)
         else:  # high precision, or emulated: at best one BF16 GEMM of the shape
             args = dict(a=dense[(ta, da)], a_dtype="bf16", b=dense[(tb, db)], b_dtype="bf16",
                         out=outs[gemm])
@@ -202,9 +201,9 @@ def linear_step(module, x, dy, recipe):
 
 def beside(first, second, device):
     """Enqueues second() on the current stream while first() runs on the second stream the
-    library gives wgrad (linear_function._wgrad_stream), as a Linear backward does."""
+    library gives wgrad (linear_gemms._wgrad_stream), as a Linear backward does."""
     current = torch.cuda.current_stream(device)
-    side = linear_function._wgrad_stream(device)
+    side = linear_gemms._wgrad_stream(device)
     side.wait_stream(current)
     with torch.cuda.stream(side):
         first()
@@ -226,7 +225,7 @@ class Floor:
         # K-major BF16 operands for the GEMMs that are not native: [outer, K] per direction.
         dense = {}
         for gemm in GEMMS:
-            if not plan[gemm].split(": ", 1)[1].startswith("native"):
+            if plan[gemm].path != _C.GemmPath.native:
                 for t, d in GEMM_OPERANDS[gemm]:
                     dense[(t, d)] = tensors[t] if d == "rowwise" else tensors[t].t().contiguous()
         tokens, features_in = tensors["x"].shape
@@ -317,7 +316,7 @@ def bench_recipe(name, tensors, reference, args, bf16_samples: list) -> list:
     floor = Floor(plan, {"x": x.detach(), "w": module.weight.detach(), "dy": dy})
     quant_bytes = sum(floor.bytes.values())
     # Whether the step runs wgrad beside dgrad: the library's own decision for this layer.
-    two_streams = linear_function._overlap_backward(
+    two_streams = linear_gemms.overlap_backward(
         module.roles(recipe, tokens).plan, dy, tokens * features * features)
     engine = engine_step(recipe, plan, {"x": x.detach(), "w": module.weight.detach(), "dy": dy},
                          two_streams)
@@ -336,14 +335,14 @@ def bench_recipe(name, tensors, reference, args, bf16_samples: list) -> list:
     bf16_ms = statistics.median(times["bf16"])
     to_floor = paired_ratio(times["floor"], times["step"])
     to_bf16 = paired_ratio(times["bf16"], times["step"])
-    emulated = [g for g in GEMMS if "emulated" in plan[g]]
+    emulated = [g for g in GEMMS if plan[g].path == _C.GemmPath.emulated]
     common = {"kind": "layer", "format": name, "shape": [tokens, features, features],
               "ms": ms, "value": flops / ms / 1e9, "unit": "TFLOP/s",
               "floor_ms": floor_ms, "gemm_floor_ms": gemm_floor, "engine_ms": engine_ms,
               "wgrad_beside_dgrad": two_streams, "floor_two_streams_ms": floor_two,
               "bf16_ms": bf16_ms,
               "quantization_bytes": quant_bytes, "emulated_gemms": emulated,
-              "floor_gemms": {g: plan[g] for g in GEMMS},
+              "floor_gemms": {g: str(plan[g]) for g in GEMMS},
               "path": "native" if not emulated else "emulated: " + ",".join(emulated)}
     label = f"linear step {name} {tokens}x{features}->{features}"
     print(f"{name:>16}: {ms:.3f} ms  floor {floor_ms:.3f} ms (raw GEMMs {gemm_floor:.3f}, "

@@ -35,10 +35,22 @@ std::vector<std::pair<std::string, int>> state_keys(const Engine& engine) {
   return keys;
 }
 
-// The role part of an owner "linear:input@fc float8" (what the module-level checkpoints match).
-std::string owner_role(const std::string& owner) {
-  const auto space = owner.rfind(' ');
-  return space == std::string::npos ? owner : owner.substr(0, space);
+// The role part of a state's owner, "linear:input@fc float8" -> "linear:input@fc" (the
+// quantizer's QuantizerRole::str(), then its format): what module-level checkpoints match.
+std::string owner_role_text(const std::string& owner) {
+  return owner.substr(0, owner.rfind(' '));  // no space (npos): the whole owner
+}
+
+// The same split into its fields ("module_type:tensor_type@name": the first ':' and the first
+// '@' after it), for Recipe.load_state_dict, which resolves the roles a checkpoint names.
+// The one parser of owners: Python asks it through _C.role_of_owner.
+QuantizerRole owner_role(const std::string& owner) {
+  const std::string role = owner_role_text(owner);
+  const auto colon = role.find(':');
+  if (colon == std::string::npos) return {role, "", ""};
+  const auto at = role.find('@', colon + 1);
+  if (at == std::string::npos) return {role.substr(0, colon), role.substr(colon + 1), ""};
+  return {role.substr(0, colon), role.substr(colon + 1, at - colon - 1), role.substr(at + 1)};
 }
 
 py::list scaling_states(const Engine& engine,
@@ -47,7 +59,8 @@ py::list scaling_states(const Engine& engine,
   const auto keys = state_keys(engine);
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const ScalingState& s = *engine.scaling_states()[i];
-    if (roles && std::find(roles->begin(), roles->end(), owner_role(s.owner)) == roles->end())
+    if (roles &&
+        std::find(roles->begin(), roles->end(), owner_role_text(s.owner)) == roles->end())
       continue;
     const Engine::ScalingValues v = engine.scaling_values(i);  // CUDA states: copied to the host
     py::dict d;
@@ -115,9 +128,52 @@ void load_scaling_states(Engine& engine, const py::list& states, bool update) {
   if (update) engine.update_scaling_of(loaded);
 }
 
+// "float8 e4m3 [64x32] rowwise x float8 e4m3 [16x32] rowwise: native (cuBLASLt FP8 ...)":
+// how one GEMM of a linear layer runs, in words (explain, bench records).
+std::string gemm_text(const LinearPlan::Gemm& g) {
+  return g.a.str() + " x " + g.b.str() + ": " + g.plan.str();
+}
+
+void bind_linear_plan(py::module_& m) {
+  py::enum_<GemmPlan::Path>(m, "GemmPath",
+                            "How a GEMM runs (GemmPlan::Path, engine/include/qrecipe/gemm.hpp).")
+      .value("reference", GemmPlan::Path::reference, "the engine's CPU reference product")
+      .value("native", GemmPlan::Path::native, "a low-precision GEMM of the device (cuBLASLt)")
+      .value("emulated", GemmPlan::Path::emulated,
+             "operands decoded to BF16/FP32, then a high-precision GEMM")
+      .value("dense", GemmPlan::Path::dense, "both operands unquantized");
+  py::class_<LinearPlan::Gemm>(m, "LinearGemm",
+                               "How one GEMM of a linear layer runs (Engine.plan_linear); "
+                               "str() is the human text explain() prints.")
+      .def_property_readonly("kind", [](const LinearPlan::Gemm& g) {
+        return std::string(gemm_kind_name(g.kind));
+      })
+      .def_property_readonly("path", [](const LinearPlan::Gemm& g) { return g.plan.path; })
+      .def_property_readonly("fast_accumulation",
+                             [](const LinearPlan::Gemm& g) { return g.plan.fast_accumulation; })
+      .def_property_readonly("reason", [](const LinearPlan::Gemm& g) { return g.plan.reason; })
+      .def_property_readonly("a", [](const LinearPlan::Gemm& g) { return g.a.str(); })
+      .def_property_readonly("b", [](const LinearPlan::Gemm& g) { return g.b.str(); })
+      .def_property_readonly("shape", [](const LinearPlan::Gemm& g) {
+        return py::make_tuple(g.m, g.n, g.k);
+      }, "(m, n, k) of the product")
+      .def("__str__", &gemm_text)
+      .def("__repr__", [](const LinearPlan::Gemm& g) {
+        return "LinearGemm(" + std::string(gemm_kind_name(g.kind)) + ", " + gemm_text(g) + ")";
+      });
+}
+
 }  // namespace
 
 void bind_engine(py::module_& m) {
+  bind_linear_plan(m);
+  m.def("role_of_owner", [](const std::string& owner) {
+    const QuantizerRole r = owner_role(owner);
+    return py::make_tuple(r.module_type, r.tensor_type, r.name);
+  }, py::arg("owner"),
+     "(module_type, tensor_type, name) of a delayed-scaling state's owner "
+     "('linear:input@fc float8' -> ('linear', 'input', 'fc')), as Engine.resolve takes them.");
+
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
       .def(py::init([](const Recipe& recipe) {
         return std::make_shared<Engine>(recipe, Registry::shared(), torch_allocator());
@@ -137,11 +193,13 @@ void bind_engine(py::module_& m) {
         d["input"] = quantizer_or_none(e, p.input_q);
         d["weight"] = quantizer_or_none(e, p.weight_q);
         d["grad_output"] = quantizer_or_none(e, p.grad_output_q);
-        for (const auto* g : {&p.fprop, &p.dgrad, &p.wgrad})
-          d[gemm_kind_name(g->kind)] = g->a.str() + " x " + g->b.str() + ": " + g->plan.str();
+        for (const auto* g : {&p.fprop, &p.dgrad, &p.wgrad}) d[gemm_kind_name(g->kind)] = *g;
         return d;
       }, py::arg("module_type"), py::arg("name"), py::arg("in_features"),
-         py::arg("out_features"), py::arg("tokens"), py::arg("target") = "cpu")
+         py::arg("out_features"), py::arg("tokens"), py::arg("target") = "cpu",
+         "{'input', 'weight', 'grad_output': Quantizer or None (high precision), "
+         "'fprop', 'dgrad', 'wgrad': LinearGemm (its path and, as str(), the text)} of a "
+         "linear layer on `target` ('cpu' or 'sm90').")
       .def("update_scaling", [](Engine& e) {
         // CUDA states update on torch's current stream of their device, without a sync.
         e.update_scaling_on_streams(cuda_current_stream);

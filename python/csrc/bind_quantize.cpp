@@ -154,9 +154,17 @@ std::vector<PyQuantized> quantize_grouped(const PyQuantizer& q, const at::Tensor
 }  // namespace
 
 void bind_quantize(py::module_& m) {
+  // The usage bits a quantize call takes (one definition for the Python package).
+  m.attr("USAGE_ROWWISE") = static_cast<int>(QR_USAGE_ROWWISE);
+  m.attr("USAGE_COLUMNWISE") = static_cast<int>(QR_USAGE_COLUMNWISE);
+
   py::class_<PyQuantizer>(m, "Quantizer")
       .def_property_readonly("format", [](const PyQuantizer& q) { return q.quantizer->format(); })
       .def_property_readonly("role", [](const PyQuantizer& q) { return q.quantizer->role().str(); })
+      .def_property_readonly("role_fields", [](const PyQuantizer& q) {
+        const QuantizerRole& r = q.quantizer->role();
+        return py::make_tuple(r.module_type, r.tensor_type, r.name);
+      }, "(module_type, tensor_type, name) of the role: Engine.resolve's arguments.")
       .def_property_readonly("spec", [](const PyQuantizer& q) { return q.quantizer->spec().str(); })
       .def("describe", [](const PyQuantizer& q) { return q.quantizer->describe(); })
       .def("layout", [](const PyQuantizer& q, std::int64_t rows, std::int64_t cols,

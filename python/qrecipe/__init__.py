@@ -6,27 +6,39 @@
         loss = loss_fn(model(x), y)
     loss.backward()
 
-See docs/adapter.md. Modules of the package, one responsibility each:
-  recipe        Recipe: load / validate a recipe; owns its engine and scaling state
-  autocasting   autocast: the active recipe and the once-per-step scaling update
-  quantization  quantize(), Quantizer, QuantizedTensor (inspection of bytes and scales)
-  quantized_param  QuantizedWeight and quantized_model_init (parameters stored quantized)
-  nn            modules Linear, LayerNormLinear (LayerNorm / RMSNorm + Linear), LayerNormMLP
-                (norm -> fc1 -> GELU / SwiGLU / ... -> fc2), GroupedLinear (MoE experts in
-                one grouped parameter), their base QuantizedModule and autograd functions
-  convert       convert(): nn.Linear -> qrecipe.nn.Linear in place; names every qrecipe
-                module by its path
-  checkpointing checkpoint(): activation checkpointing whose recomputation replays the
-                forward's recipe
+See docs/adapter.md. The package is built in layers; a module imports only from its own layer
+and the layers below it, never upwards, and there are no import cycles
+(tests/python/test_package_structure.py checks both on the source):
+
+  ground floor (talks to the extension qrecipe._C; imports nothing of the floors above)
+    _engine          loads the compiled extension _C with a clear error
+    quantization     Quantizer, QuantizedTensor (inspection of bytes and scales), the usage bits
+    scaling_state    delayed-scaling states in checkpoints; drop_scaling_states()
+    recipe           Recipe: load / validate a recipe; owns its engine and scaling state and
+                     knows whether its scaling update is pending; quantize() beside it
+    autocasting      autocast: the active recipe and the once-per-step scaling update
+    quantized_param  QuantizedWeight and quantized_model_init (parameters stored quantized)
+    checkpointing    checkpoint(): activation checkpointing whose recomputation replays the
+                     forward's recipe
+  nn/              modules Linear, LayerNormLinear (LayerNorm / RMSNorm + Linear), LayerNormMLP
+                   (norm -> fc1 -> GELU / SwiGLU / ... -> fc2), GroupedLinear (MoE experts in
+                   one grouped parameter), their base QuantizedModule, the GEMM operations
+                   (linear_gemms) and their eager / compiled dispatch; imports the ground floor
+  optim/           (to come) optimizers over quantized and master weights
+  distributed/     (to come) FSDP2 and tensor-parallel support
+                   optim/ and distributed/ may import nn/ and the ground floor, never the
+                   reverse
+  top              this __init__ (the public names) and convert (convert(): nn.Linear ->
+                   qrecipe.nn.Linear in place; names every qrecipe module by its path)
 """
 from ._engine import QrecipeError, RecipeError, _C
 from .autocasting import autocast, current_recipe, is_enabled
 from .checkpointing import checkpoint
 from .convert import convert
-from .quantization import QuantizedTensor, Quantizer, quantize
-from .recipe import Recipe
+from .quantization import QuantizedTensor, Quantizer
+from .recipe import Recipe, quantize
 from . import nn
-from .nn.module_state import drop_scaling_states
+from .scaling_state import drop_scaling_states
 from .quantized_param import QuantizedWeight, quantized_model_init
 
 QuantizedParameter = QuantizedWeight  # the name DESIGN.md section 8 also uses

@@ -32,7 +32,7 @@ def checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     recipe = autocasting.current_recipe()
 
     def contexts():
-        return contextlib.nullcontext(), autocasting._replay(recipe)
+        return contextlib.nullcontext(), autocasting.replay(recipe)
 
     return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False,
                                              context_fn=contexts, **torch_options, **kwargs)

@@ -8,7 +8,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .autocasting import RecipeLike, as_recipe
+from .recipe import RecipeLike, as_recipe
 from .nn.base import QuantizedModule
 from .nn.linear import Linear
 

@@ -1,4 +1,5 @@
-"""Quantizers and quantized tensors on the Python side, and ``qrecipe.quantize``.
+"""Quantizers and quantized tensors on the Python side (``qrecipe.quantize``, beside
+``Recipe`` in recipe.py, makes them from a format and its options).
 
 ``QuantizedTensor`` is the inspection tool: its bytes and scales per direction are torch
 tensors that alias the engine's buffers (no copy), and ``dequantize`` decodes through the
@@ -17,7 +18,10 @@ import torch
 from ._engine import _C
 
 DIRECTIONS = ("rowwise", "columnwise")
-_USAGE_BITS = {"rowwise": 1, "columnwise": 2}
+# The engine's usage bits (QR_USAGE_* of plugin_abi.h): which directions a quantization makes.
+ROWWISE: int = _C.USAGE_ROWWISE
+COLUMNWISE: int = _C.USAGE_COLUMNWISE
+_USAGE_BITS = {"rowwise": ROWWISE, "columnwise": COLUMNWISE}
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 Usage = Union[str, Iterable[str]]
@@ -145,25 +149,3 @@ class QuantizedTensor:
         return (f"QuantizedTensor(format={self.format!r}, shape={tuple(self.shape)}, "
                 f"usage={'+'.join(self.usage)}, options={self.options!r})")
 
-
-def quantize(tensor: torch.Tensor, format: str, *, usage: Usage = ("rowwise", "columnwise"),
-             **options) -> QuantizedTensor:
-    """Quantizes ``tensor`` with ``format`` and its options, as a recipe rule would:
-    ``qrecipe.quantize(w, "float8", dtype="e5m2")``, ``qrecipe.quantize(x, "mxfp8")``,
-    ``qrecipe.quantize(x, "hybrid", rowwise={"format": "float8"}, columnwise={"format": "mxfp8"})``.
-
-    Options are validated against the plugin's schema (unknown keys and bad values are
-    errors naming what is allowed). Each call uses a fresh engine, so a delayed-scaling format
-    starts from its initial state (scale 1)."""
-    from .recipe import Recipe
-    if not isinstance(format, str):
-        raise TypeError(f"format must be a string such as 'float8', got {type(format).__name__}")
-    check_source(tensor, "tensor to quantize")
-    spec = {"format": format, **options}
-    recipe = Recipe.from_dict({"version": 1, "name": f"quantize-{format}", "defaults": spec},
-                              source_name=f"<qrecipe.quantize({format!r})>")
-    quantizer = recipe.quantizer("", "", "")
-    if quantizer is None:
-        raise ValueError("format 'none' keeps the tensor in high precision; there is nothing to "
-                         "quantize")
-    return quantizer.quantize(tensor, usage)  # the quantizer keeps its engine alive

@@ -41,7 +41,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch.utils._pytree import tree_map
 
-from .quantization import DIRECTIONS, QuantizedTensor, usage_bits
+from .quantization import COLUMNWISE, DIRECTIONS, ROWWISE, QuantizedTensor, usage_bits
+from .recipe import Recipe, RecipeLike, as_recipe
 
 aten = torch.ops.aten
 
@@ -54,7 +55,6 @@ def _quantizer_from_spec(spec: Dict[str, Any], role: Tuple[str, str, str]):
     key = json.dumps([spec, list(role)], sort_keys=True)
     q = _SPEC_QUANTIZERS.get(key)
     if q is None:
-        from .recipe import Recipe
         recipe = Recipe.from_dict({"version": 1, "name": "quantized-weight", "defaults": spec},
                                   source_name="<QuantizedWeight spec>")
         q = recipe.engine.resolve(*role)
@@ -157,7 +157,8 @@ class QuantizedWeight(torch.Tensor):
             raise ValueError(f"QuantizedWeight.from_tensor: groups={groups!r} must be a positive "
                              f"int dividing the first dimension of the tensor of shape "
                              f"{tuple(source.shape)}")
-        quantized = [QuantizedTensor(cpp.quantize(part, 3), part.shape, part.dtype)
+        quantized = [QuantizedTensor(cpp.quantize(part, ROWWISE | COLUMNWISE), part.shape,
+                                     part.dtype)
                      for part in source.chunk(groups, dim=0)]
         grad = tensor.requires_grad if requires_grad is None else requires_grad
         return cls(quantized, requires_grad=grad)
@@ -225,10 +226,8 @@ class QuantizedWeight(torch.Tensor):
         return self._groups[0]._cpp.quantizer.spec_dict()
 
     def _role(self) -> Tuple[str, str, str]:
-        role = self._groups[0]._cpp.quantizer.role  # "module_type:tensor_type@name"
-        module_type, _, rest = role.partition(":")
-        tensor_type, _, name = rest.partition("@")
-        return module_type, tensor_type, name
+        """(module_type, tensor_type, name) of the quantizer that made the bytes."""
+        return tuple(self._groups[0]._cpp.quantizer.role_fields)
 
     def _group_rows(self) -> Tuple[int, ...]:
         return tuple(g.shape[0] for g in self._groups)
@@ -399,7 +398,7 @@ def current_init_recipe():
 
 
 @contextlib.contextmanager
-def quantized_model_init(recipe=None, enabled: bool = True):
+def quantized_model_init(recipe: RecipeLike = None, enabled: bool = True):
     """Parameters of the qrecipe modules created inside are quantized at creation: each GEMM
     weight becomes a :class:`QuantizedWeight` (both directions) quantized by the quantizer
     `recipe` gives its role (module type, ``weight``, the name passed to the constructor);
@@ -408,7 +407,6 @@ def quantized_model_init(recipe=None, enabled: bool = True):
 
     Training such a model needs FP32 master weights (see QuantizedWeight): an optimizer
     updating the quantized parameters in place raises an error saying so."""
-    from .autocasting import as_recipe
     _init_state.stack.append(as_recipe(recipe) if enabled else None)
     try:
         yield

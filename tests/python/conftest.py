@@ -28,12 +28,12 @@ def _seed():
 @pytest.fixture
 def weight_quantizations(monkeypatch):
     """The usage bits of every quantization of a weight role made by
-    qrecipe.nn.linear_function, in order, and of every group of GroupedLinear's grouped weight
+    qrecipe.nn.linear_gemms, in order, and of every group of GroupedLinear's grouped weight
     quantization (one entry per expert); the weight cache is emptied and its counters reset
     first (shared by the weight-cache and quantized-parameter tests)."""
-    from qrecipe.nn import grouped_linear, linear_function, weight_cache
+    from qrecipe.nn import grouped_linear, linear_gemms, weight_cache
     calls = []
-    original = linear_function._quantize
+    original = linear_gemms._quantize
     original_grouped = grouped_linear._quantize_grouped
 
     def counting(quantizer, tensor, usage):
@@ -45,7 +45,7 @@ def weight_quantizations(monkeypatch):
         calls.extend([usage] * len(group_rows))
         return original_grouped(quantizer, weight, group_rows, usage)
 
-    monkeypatch.setattr(linear_function, "_quantize", counting)
+    monkeypatch.setattr(linear_gemms, "_quantize", counting)
     monkeypatch.setattr(grouped_linear, "_quantize_grouped", counting_grouped)
     weight_cache.clear()
     weight_cache.reset_stats()

@@ -103,3 +103,41 @@ def test_recipes_without_activity_are_not_updated():
     with qrecipe.autocast(recipe):
         pass
     assert recipe.scaling_states() == []
+
+
+def test_pending_update_is_per_thread():
+    # Which recipes' update is due is per thread, like the autocast stack: a step run in a
+    # worker thread is updated by that thread's next outermost entry, not by another thread's.
+    import threading
+    recipe = qrecipe.Recipe.builtin("float8_delayed")
+    lin = qrecipe.nn.Linear(16, 8, name="fc")
+    x = torch.randn(32, 16) * 3
+    seen = {}
+    worker_stepped, main_entered = threading.Event(), threading.Event()
+
+    def worker():
+        try:
+            with qrecipe.autocast(recipe):
+                lin(x)
+            seen["pending"] = recipe.update_pending
+            seen["state_dict"] = recipe.state_dict()["update_pending"]
+        finally:
+            worker_stepped.set()
+        main_entered.wait()
+        with qrecipe.autocast(recipe):  # the worker's next step: its update runs now
+            seen["scale after entry"] = states(recipe)[0]["scale"]
+        seen["pending after entry"] = recipe.update_pending
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    worker_stepped.wait()
+    try:
+        assert seen["pending"] and seen["state_dict"]
+        assert not recipe.update_pending and not qrecipe.autocasting.update_pending(recipe)
+        with qrecipe.autocast(recipe):  # the main thread's entry: nothing of its own is due
+            assert states(recipe)[0]["scale"] == 1.0
+    finally:
+        main_entered.set()
+        thread.join()
+    assert seen["scale after entry"] == (torch.tensor(448.0) / x.abs().max()).item()
+    assert not seen["pending after entry"]

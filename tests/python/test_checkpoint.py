@@ -209,6 +209,22 @@ def test_engine_binding_errors_name_the_owner():
     assert state["scale"] == 128.0 and state["scale_inv"] == 1.0 / 128  # 448 / 3.5
 
 
+def test_owner_roles_are_parsed_once_in_the_binding():
+    # A state's owner is "<role> <format>"; the engine splits it for Recipe.load_state_dict,
+    # and a quantizer gives its role's fields directly (QuantizedWeight's pickled role).
+    assert qrecipe._C.role_of_owner("layernorm_mlp:weight@layers.0.mlp.fc1 nvfp4") == \
+        ("layernorm_mlp", "weight", "layers.0.mlp.fc1")
+    assert qrecipe._C.role_of_owner("linear:input@ float8") == ("linear", "input", "")
+    assert qrecipe._C.role_of_owner("no-role") == ("no-role", "", "")
+    recipe = qrecipe.Recipe.load(recipe_path("float8_delayed"))
+    q = recipe.engine.resolve("linear", "grad_output", "blocks.1.fc")
+    assert q.role_fields == ("linear", "grad_output", "blocks.1.fc")
+    [state] = recipe.scaling_states()
+    assert qrecipe._C.role_of_owner(state["owner"]) == q.role_fields
+    assert recipe.scaling_states(roles=["linear:grad_output@blocks.1.fc"]) == [state]
+    assert recipe.scaling_states(roles=["linear:input@blocks.1.fc"]) == []
+
+
 def test_hybrid_with_two_delayed_halves_round_trips_by_owner_and_order():
     spec = {"format": "hybrid",
             "rowwise": {"format": "float8", "scaling": "delayed", "amax_history_len": 8},

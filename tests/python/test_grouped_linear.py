@@ -554,11 +554,11 @@ def test_grouped_on_cuda_matches_cpu_and_multi_layout(name, grouped_quantization
 def row_quantizations(monkeypatch):
     """(role type, number of groups, usage) of every grouped quantization of the experts'
     inputs and output gradients, and the role type of every per-tensor quantization of an
-    input or gradient made by qrecipe.nn.linear_function (there should be none)."""
-    from qrecipe.nn import grouped_linear_function, linear_function
+    input or gradient made by qrecipe.nn.linear_gemms (there should be none)."""
+    from qrecipe.nn import grouped_linear_function, linear_gemms
     grouped_calls, single_calls = [], []
     original_rows = grouped_linear_function._quantize_rows
-    original_one = linear_function._quantize
+    original_one = linear_gemms._quantize
 
     def kind(quantizer):
         return next(t for t in ("input", "grad_output", "weight") if f":{t}@" in quantizer.role)
@@ -573,7 +573,7 @@ def row_quantizations(monkeypatch):
         return original_one(quantizer, tensor, usage)
 
     monkeypatch.setattr(grouped_linear_function, "_quantize_rows", counting_rows)
-    monkeypatch.setattr(linear_function, "_quantize", counting_one)
+    monkeypatch.setattr(linear_gemms, "_quantize", counting_one)
     return grouped_calls, single_calls
 
 
@@ -679,7 +679,7 @@ def test_large_expert_backward_path_matches_separate_layers(name, monkeypatch):
     wgrad on two CUDA streams) instead of the batched one: forced here on the CPU, where the
     streams do not apply, the numbers are the same."""
     from qrecipe.nn import grouped_linear_function
-    monkeypatch.setattr(grouped_linear_function, "_overlap_backward", lambda *args: True)
+    monkeypatch.setattr(grouped_linear_function, "overlap_backward", lambda *args: True)
     dtype = DTYPE.get(name, torch.float32)
     module = grouped(False, dtype=dtype)
     layers = separate_layers(module, qrecipe.nn.Linear, name=module.name)

@@ -135,6 +135,27 @@ def test_explain_names_roles_and_gemms():
         assert word in text
 
 
+def test_plan_linear_gives_each_gemm_its_path_and_text():
+    recipe = qrecipe.Recipe.builtin("mxfp8")
+    cpu = recipe.engine.plan_linear("linear", "fc", 256, 128, 64)
+    gpu = recipe.engine.plan_linear("linear", "fc", 256, 128, 64, "sm90")
+    for kind in ("fprop", "dgrad", "wgrad"):
+        assert cpu[kind].kind == kind and cpu[kind].path == _C.GemmPath.reference
+        assert str(cpu[kind]) == f"{cpu[kind].a} x {cpu[kind].b}: reference ({cpu[kind].reason})"
+        assert gpu[kind].path == _C.GemmPath.emulated  # Hopper has no MXFP8 tensor cores
+    assert recipe.engine.plan_linear("linear", "fc", 256, 128, 64, "sm90")["fprop"].shape == \
+        (64, 128, 256)
+    fp8 = qrecipe.Recipe.builtin("float8_e4m3").engine.plan_linear("linear", "fc", 256, 128, 64,
+                                                                  "sm90")
+    assert [fp8[k].path for k in ("fprop", "dgrad", "wgrad")] == [_C.GemmPath.native] * 3
+    assert fp8["fprop"].fast_accumulation and not fp8["wgrad"].fast_accumulation
+    layer = qrecipe.nn.Linear(256, 128, name="fc")
+    assert layer.roles(qrecipe.Recipe.builtin("float8_e4m3"), 64).plan["native_on_gpu"] == \
+        {"fprop", "dgrad", "wgrad"}
+    assert layer.roles(recipe, 64).plan["native_on_gpu"] == frozenset()
+    assert f"  fprop        {cpu['fprop']}" in layer.explain(recipe)
+
+
 def test_linear_shares_the_base_implementation():
     # One implementation of roles, explain, input checks and copying for every module.
     assert issubclass(qrecipe.nn.Linear, qrecipe.nn.QuantizedModule)

@@ -1,4 +1,4 @@
-"""dgrad beside wgrad on two CUDA streams (qrecipe.nn.linear_function, CUDA only).
+"""dgrad beside wgrad on two CUDA streams (qrecipe.nn.linear_gemms, CUDA only).
 
 Large native dgrad and wgrad GEMMs run on two streams of the device; the results must be the
 bytes of the in-order backward, for every kind of native GEMM the shipped recipes use, with
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import qrecipe
-from qrecipe.nn import linear_function
+from qrecipe.nn import linear_gemms
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -19,18 +19,18 @@ TOKENS, IN, OUT = 256, 512, 384
 def two_stream_calls(monkeypatch):
     """Counts the backward passes that took the two-stream path."""
     calls = []
-    original = linear_function._wgrad_stream
+    original = linear_gemms._wgrad_stream
 
     def counting(device):
         calls.append(device)
         return original(device)
-    monkeypatch.setattr(linear_function, "_wgrad_stream", counting)
+    monkeypatch.setattr(linear_gemms, "_wgrad_stream", counting)
     return calls
 
 
 def run_steps(overlap: bool, recipe_name: str, main_grad: bool, monkeypatch, steps=2):
     """y, dx and dW (or main_grad) of `steps` steps of a fresh layer under a fresh recipe."""
-    monkeypatch.setattr(linear_function, "_OVERLAP_MIN_MACS", 0 if overlap else 1 << 62)
+    monkeypatch.setattr(linear_gemms, "_OVERLAP_MIN_MACS", 0 if overlap else 1 << 62)
     torch.manual_seed(0)
     layer = qrecipe.nn.Linear(IN, OUT, bias=False, device="cuda", dtype=torch.bfloat16,
                               name="fc", fuse_wgrad_accumulation=main_grad)

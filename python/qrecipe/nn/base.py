@@ -22,9 +22,11 @@ import torch
 import torch.nn.functional as F
 
 from .. import autocasting as _autocast
+from .._engine import _C
 from ..quantization import SUPPORTED_DTYPES
-from ..recipe import Recipe
-from .linear_function import LinearRoles, quantized_linear
+from ..recipe import Recipe, as_recipe
+from .linear_function import quantized_linear
+from .linear_gemms import LinearRoles
 from .module_state import ScalingStateMixin
 
 _ROLE_TYPES = ("input", "weight", "grad_output")
@@ -118,7 +120,7 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
         gpu_tokens = -(-max(1, tokens) // 128) * 128
         gpu = recipe.engine.plan_linear(self.MODULE_TYPE, name, in_features, out_features,
                                         gpu_tokens, "sm90")
-        native_on_gpu = frozenset(k for k in _GEMM_KINDS if ": native" in gpu[k])
+        native_on_gpu = frozenset(k for k in _GEMM_KINDS if gpu[k].path == _C.GemmPath.native)
         roles = LinearRoles(input=plan.pop("input"), weight=plan.pop("weight"),
                             grad_output=plan.pop("grad_output"),
                             plan={**plan, "name": name, "out_features": out_features,
@@ -134,7 +136,7 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
     def explain(self, recipe=None) -> str:
         """Which quantizer each role of each GEMM gets and how each GEMM runs (on the CPU).
         `recipe`: a Recipe, a path, a dict, or None for the default recipe."""
-        recipe = _autocast.as_recipe(recipe)
+        recipe = as_recipe(recipe)
         lines: List[str] = []
         for gemm in self.gemms():
             r = self.roles(recipe, gemm=gemm)
@@ -172,7 +174,7 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
         roles = self.roles(recipe, tokens, gemm)
         if roles.all_none:
             return F.linear(x, weight, bias)
-        _autocast.note_step_activity(recipe)
+        recipe.note_step_activity()
         return quantized_linear(x, weight, bias, roles, is_first_microbatch=is_first_microbatch,
                                 fuse_wgrad_accumulation=fuse_wgrad_accumulation,
                                 who=self._who(), weight_group=weight_group,

@@ -7,6 +7,8 @@ every engine call (DESIGN.md section 8).
 
 ``roles`` is an integer handle of the module's ``LinearRoles`` (engine quantizers are not
 tensors and cannot cross an operator boundary); the handle stays valid while the roles do.
+The operators run linear_gemms.py's ``linear_forward`` and ``linear_backward``, the GEMMs
+of the eager path.
 Both operators have fake (meta) implementations for tracing, and ``linear_forward`` has its
 autograd formula registered, so dynamo and AOTAutograd see two opaque nodes.
 
@@ -22,30 +24,22 @@ break).
 """
 from __future__ import annotations
 
-import weakref
 from typing import Optional, Tuple
 
 import torch
 
-
-_ROWWISE, _COLUMNWISE = 1, 2
-
-# handle -> LinearRoles; weak, so the module's role cache decides how long roles live.
-_ROLES: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+from ..quantization import COLUMNWISE, ROWWISE
+from .linear_gemms import LinearRoles, linear_backward, linear_forward, operand, roles_by_handle
 
 
-def register_roles(roles) -> None:
-    """Called when a LinearRoles is made (outside the traced hot path: roles are cached), so
-    the traced forward only takes ``id(roles)``, which dynamo folds into a constant."""
-    _ROLES[id(roles)] = roles
-
-
-def roles_handle(roles) -> int:
+def roles_handle(roles: LinearRoles) -> int:
+    """The integer a LinearRoles crosses the operator boundary as (linear_gemms.py registers
+    every LinearRoles under it when it is made)."""
     return id(roles)
 
 
-def _roles(handle: int):
-    roles = _ROLES.get(handle)
+def _roles(handle: int) -> LinearRoles:
+    roles = roles_by_handle(handle)
     if roles is None:
         raise RuntimeError(f"qrecipe::linear operator: roles handle {handle} is unknown (its "
                            "module's roles were dropped); re-run the module's forward")
@@ -60,7 +54,6 @@ if AVAILABLE:
     @torch.library.custom_op("qrecipe::linear_forward", mutates_args=())
     def linear_forward_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                           roles: int) -> torch.Tensor:
-        from .linear_function import linear_forward
         return linear_forward(x, weight, bias, _roles(roles), False, False)[0]
 
     @linear_forward_op.register_fake
@@ -71,28 +64,20 @@ if AVAILABLE:
     def linear_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, roles: int,
                            need_dgrad: bool, need_wgrad: bool
                            ) -> Tuple[torch.Tensor, torch.Tensor]:
-        from .linear_function import _gemm, _operand
         r = _roles(roles)
         out_features, in_features = weight.shape
-        dy2 = dy.reshape(-1, out_features).contiguous()
-        tokens = dy2.shape[0]
-        dx = dy.new_empty(0)
-        dw = weight.new_empty(0)
-        usage = (_ROWWISE if need_dgrad else 0) | (_COLUMNWISE if need_wgrad else 0)
-        if not usage:
-            return dx, dw
-        dy_op = _operand(r.grad_output, dy2, usage)
-        if need_dgrad:
-            # The forward quantized W with both directions when x needed a gradient: do the same.
-            w_op = _operand(r.weight, weight.contiguous(), _ROWWISE | _COLUMNWISE)
-            dx = _gemm("dgrad", dy_op, "rowwise", w_op, "columnwise", tokens, in_features, dy,
-                       x.dtype).reshape(x.shape)
-        if need_wgrad:
-            x2 = x.reshape(-1, in_features).contiguous()
-            x_op = _operand(r.input, x2, _ROWWISE | _COLUMNWISE)
-            dw = _gemm("wgrad", dy_op, "columnwise", x_op, "columnwise", out_features, in_features,
-                       dy, weight.dtype)
-        return dx, dw
+        # The forward quantized W with both directions when x needed a gradient, and x with
+        # both when W did: the same again, so dgrad and wgrad read the forward's bytes.
+        saved_w = operand(r.weight, weight.contiguous(), ROWWISE | COLUMNWISE) \
+            if need_dgrad else None
+        saved_x = operand(r.input, x.reshape(-1, in_features).contiguous(),
+                          ROWWISE | COLUMNWISE) if need_wgrad else None
+        dx, dw = linear_backward(dy.reshape(-1, out_features).contiguous(), saved_x, saved_w, r,
+                                 x_shape=x.shape, x_dtype=x.dtype, w_dtype=weight.dtype,
+                                 need_dgrad=need_dgrad, need_wgrad=need_wgrad)
+        # An operator returns tensors: an empty one stands for a gradient not asked for.
+        return (dx if dx is not None else dy.new_empty(0),
+                dw if dw is not None else weight.new_empty(0))
 
     @linear_backward_op.register_fake
     def _(dy, x, weight, roles, need_dgrad, need_wgrad):

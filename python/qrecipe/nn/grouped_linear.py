@@ -42,14 +42,14 @@ import torch
 
 from .. import autocasting as _autocast
 from .._engine import _C
+from ..quantization import COLUMNWISE, ROWWISE
 from ..quantized_param import QuantizedInitMixin, QuantizedWeight
 from . import weight_cache as _weight_cache
 from .base import QuantizedModule, init_linear_parameters, register_linear_parameters
 from .grouped_linear_function import GroupedCall, GroupedLinearFunction, grouped_forward
-from .linear_function import weight_operand_of
+from .linear_gemms import weight_operand_of
 
 Splits = Union[Sequence[int], torch.Tensor]
-_ROWWISE, _COLUMNWISE = 1, 2
 
 
 def _quantize_grouped(quantizer, weight: torch.Tensor, group_rows: List[int], usage: int):
@@ -222,7 +222,7 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
                                  (self.weight, i) if self.single_grouped_parameter else None)
                     for i, (xi, wi, bi) in enumerate(zip(xs, weights, self.expert_biases()))]
             return torch.cat(outs, dim=0).reshape(*x.shape[:-1], self.out_features)
-        _autocast.note_step_activity(recipe)
+        recipe.note_step_activity()
         return self._grouped_forward(x, splits, weights, recipe, roles, is_first_microbatch)
 
     def _grouped_forward(self, x: torch.Tensor, splits: List[int], weights: List[torch.Tensor],
@@ -268,9 +268,9 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
         if roles.weight is None:
             return None
         grad = torch.is_grad_enabled()
-        usage = _ROWWISE | (_COLUMNWISE if grad and x.requires_grad else 0)
+        usage = ROWWISE | (COLUMNWISE if grad and x.requires_grad else 0)
         if is_first_microbatch and grad:
-            usage |= _COLUMNWISE  # dgrad of a later micro-batch (as the weight cache does)
+            usage |= COLUMNWISE  # dgrad of a later micro-batch (as the weight cache does)
         operands = _quantize_grouped(roles.weight, self.weight.detach().contiguous(),
                                      [self.out_features] * self.num_gemms, usage)
         if is_first_microbatch:

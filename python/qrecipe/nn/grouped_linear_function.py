@@ -7,7 +7,7 @@ Numerics are those of ``num_gemms`` separate ``qrecipe.nn.Linear`` layers sharin
 a grouped call gives every group the bytes and scales of quantizing its rows alone, with the
 shared quantizer's state advanced as by one call per group in expert order (a
 stochastic-rounding role gives expert ``i`` the ``i``-th offset of the call; a delayed-scaling
-role records every group's amax). The experts' GEMMs are linear_function's, each kind issued
+role records every group's amax). The experts' GEMMs are linear_gemms.py's, each kind issued
 for all experts in one engine call (``_C.gemm_many``: small experts are bound by host time),
 writing straight into rows of one output and one input gradient; large native experts run
 their backward expert by expert (``linear_backward``, dgrad beside wgrad on two streams).
@@ -23,10 +23,10 @@ from typing import List, Optional, Sequence
 import torch
 
 from .._engine import _C
-from .linear_function import (LinearRoles, _COLUMNWISE, _ROWWISE, _engine_bias,
-                              _gemm_output, _keep_columnwise, _main_grad_of, _operand,
-                              _overlap_backward, backward_usage, gemm_destination, gemm_result,
-                              linear_backward)
+from ..quantization import COLUMNWISE, ROWWISE
+from .linear_gemms import (LinearRoles, backward_usage, engine_bias, gemm_destination,
+                           gemm_output, gemm_result, keep_columnwise, linear_backward,
+                           main_grad_of, operand, overlap_backward)
 
 
 def _quantize_rows(quantizer, tensor: torch.Tensor, group_rows: List[int], usage: int):
@@ -80,17 +80,17 @@ def grouped_forward(x: torch.Tensor, call: GroupedCall, weights: Sequence[torch.
     in_features, out_features = weights[0].shape[1], weights[0].shape[0]
     x2 = x.reshape(-1, in_features).contiguous()
     y = torch.empty((x2.shape[0], out_features), dtype=x.dtype, device=x.device)
-    usages = [_ROWWISE | (_COLUMNWISE if (saving and w) else 0) for w in call.need_wgrad]
+    usages = [ROWWISE | (COLUMNWISE if (saving and w) else 0) for w in call.need_wgrad]
     x_ops = _grouped_operands(call.roles.input, x2, call, usages)
     need_dgrad = saving and call.need_dgrad
-    w_usage = _ROWWISE | (_COLUMNWISE if need_dgrad else 0)
+    w_usage = ROWWISE | (COLUMNWISE if need_dgrad else 0)
     rows = list(call.row_ranges())
-    x_ops = [op if op is not None else _operand(call.roles.input, x2[r0:r1], usage)
+    x_ops = [op if op is not None else operand(call.roles.input, x2[r0:r1], usage)
              for op, (r0, r1), usage in zip(x_ops, rows, usages)]
-    w_ops = [op if op is not None else _operand(call.roles.weight, w.contiguous(), w_usage)
+    w_ops = [op if op is not None else operand(call.roles.weight, w.contiguous(), w_usage)
              for op, w in zip(call.weight_ops, weights)]
     outs = [gemm_destination(r1 - r0, out_features, x, x.dtype, y[r0:r1]) for r0, r1 in rows]
-    engine_biases = [_engine_bias(b) for b in biases]
+    engine_biases = [engine_bias(b) for b in biases]
     _C.gemm_many(x_ops, "rowwise", w_ops, "rowwise", outs, kind="fprop",
                  bias=engine_biases if any(b is not None for b in engine_biases) else None)
     saved = []
@@ -100,10 +100,10 @@ def grouped_forward(x: torch.Tensor, call: GroupedCall, weights: Sequence[torch.
         if call.trim_weight_ops and given is not None and given.has("rowwise") and \
                 given.has("columnwise"):
             given.drop("rowwise")  # fprop is done; dgrad reads the columnwise copy
-        saved_x = _keep_columnwise(x_ops[i]) if saving and call.need_wgrad[i] else None
+        saved_x = keep_columnwise(x_ops[i]) if saving and call.need_wgrad[i] else None
         saved_w = None
         if need_dgrad:  # a weight operand given by the caller is kept as it is
-            saved_w = w_ops[i] if given is not None else _keep_columnwise(w_ops[i])
+            saved_w = w_ops[i] if given is not None else keep_columnwise(w_ops[i])
         saved.append((saved_x, saved_w))
     return y, saved
 
@@ -118,8 +118,8 @@ def _batched_wgrad(dy2, dy_ops, saved_x, need_wgrad, main_grads, w_dtypes, out_f
     if not experts:
         return dws
     accumulate = main_grads[experts[0]] is not None  # fuse_wgrad_accumulation: all or none
-    outs = [_main_grad_of(main_grads[i], out_features, in_features, dy2.device) if accumulate
-            else _gemm_output(out_features, in_features, dy2, w_dtypes[i]) for i in experts]
+    outs = [main_grad_of(main_grads[i], out_features, in_features, dy2.device) if accumulate
+            else gemm_output(out_features, in_features, dy2, w_dtypes[i]) for i in experts]
     _C.gemm_many([dy_ops[i] for i in experts], "columnwise", [saved_x[i] for i in experts],
                  "columnwise", outs, accumulate=accumulate, kind="wgrad")
     if not accumulate:
@@ -173,7 +173,7 @@ class GroupedLinearFunction(torch.autograd.Function):
         main_grads = [call.main_grad_weights[i] if need_wgrad[i] else None for i in range(n)]
         # Large native experts run each expert's dgrad beside its wgrad on two streams
         # (linear_backward); small ones, whose host time dominates, run batched.
-        per_expert = any(need_dgrad and need_wgrad[i] and _overlap_backward(
+        per_expert = any(need_dgrad and need_wgrad[i] and overlap_backward(
             call.roles.plan, dy2, (r1 - r0) * in_features * out_features)
             for i, (r0, r1) in enumerate(rows))
         if per_expert:
@@ -186,7 +186,7 @@ class GroupedLinearFunction(torch.autograd.Function):
                     dx_into=dx[r0:r1] if dx is not None else None)
         else:
             dy_ops = [op if op is not None or not usage
-                      else _operand(call.roles.grad_output, dy2[r0:r1], usage)
+                      else operand(call.roles.grad_output, dy2[r0:r1], usage)
                       for op, usage, (r0, r1) in zip(dy_ops, usages, rows)]
             if need_dgrad:
                 outs = [gemm_destination(r1 - r0, in_features, dy2, ctx.x_dtype, dx[r0:r1])

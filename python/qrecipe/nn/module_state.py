@@ -1,4 +1,5 @@
-"""The delayed-scaling state of a qrecipe module in its ``state_dict`` (DESIGN.md section 8).
+"""The delayed-scaling state of a qrecipe module in its ``state_dict`` (docs/adapter.md,
+checkpoints); the checkpoint form of a state is scaling_state.py's.
 
 ``ScalingStateMixin`` gives a module ``get_extra_state`` / ``set_extra_state``, so
 ``model.state_dict()`` carries, under ``<module path>._extra_state``, the amax histories and
@@ -29,71 +30,11 @@ high-precision weights always load.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Dict, List, Optional
-
-import torch
+from typing import Any, List, Optional
 
 from .._engine import _C
-
-_MARKER = "qrecipe_scaling_state"
-_VERSION = 1
-
-
-def quantizers_in(obj: Any) -> List["_C.Quantizer"]:
-    """Every ``_C.Quantizer`` in a roles object (dataclass fields, dict values, sequences)."""
-    if isinstance(obj, _C.Quantizer):
-        return [obj]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        items = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
-    elif isinstance(obj, dict):
-        items = list(obj.values())
-    elif isinstance(obj, (list, tuple)):
-        items = list(obj)
-    else:
-        return []
-    return [q for item in items for q in quantizers_in(item)]
-
-
-def owner_role(owner: str) -> str:
-    """The role part of a state owner "linear:input@fc float8" -> "linear:input@fc"."""
-    return owner.rsplit(" ", 1)[0]
-
-
-def state_to_checkpoint(state: dict) -> dict:
-    """A state dict of ``Engine.scaling_states()`` in checkpoint form (history as a tensor)."""
-    return {
-        "owner": state["owner"],
-        "index": int(state["index"]),
-        "amax_history": torch.tensor(state["amax_history"], dtype=torch.float32),
-        "scale": float(state["scale"]),
-        "scale_inv": float(state["scale_inv"]),
-    }
-
-
-def state_from_checkpoint(state: dict) -> dict:
-    history = state["amax_history"]
-    if isinstance(history, torch.Tensor):
-        history = history.detach().to("cpu", torch.float32).reshape(-1).tolist()
-    return {"owner": state["owner"], "index": int(state.get("index", 0)),
-            "amax_history": list(history), "scale": float(state["scale"]),
-            "scale_inv": float(state["scale_inv"])}
-
-
-def is_scaling_extra_state(value: Any) -> bool:
-    return isinstance(value, dict) and value.get(_MARKER) is not None
-
-
-def drop_scaling_states(state_dict: Dict[str, Any]) -> Dict[str, Any]:
-    """A copy of a model state dict without qrecipe scaling states: load it to keep the
-    weights but start delayed scaling afresh (e.g. under another recipe)."""
-    return {k: v for k, v in state_dict.items()
-            if not (k.endswith("_extra_state") and is_scaling_extra_state(v))}
-
-
-def _update_pending(recipe) -> bool:
-    from .. import autocasting
-    return autocasting.update_pending(recipe)
+from ..scaling_state import (EXTRA_STATE_MARKER, EXTRA_STATE_VERSION, is_scaling_extra_state,
+                             quantizers_in, state_from_checkpoint, state_to_checkpoint)
 
 
 class ScalingStateMixin:
@@ -106,10 +47,9 @@ class ScalingStateMixin:
         entries = []
         for recipe, roles in list(getattr(self, "_roles", {}).items()):
             mine = sorted({q.role for q in quantizers_in(roles)})
-            engine_states = [] if recipe._engine is None else \
-                recipe._engine.scaling_states(roles=mine)  # filtered in C++: no copies of others
-            states = [state_to_checkpoint(s) for s in engine_states]
-            entries.append({"recipe": recipe.name, "update_pending": _update_pending(recipe),
+            # Filtered in C++: no host copies of other modules' states.
+            states = [state_to_checkpoint(s) for s in recipe.scaling_states(roles=mine)]
+            entries.append({"recipe": recipe.name, "update_pending": recipe.update_pending,
                             "scaling_states": states})
         return entries
 
@@ -117,7 +57,7 @@ class ScalingStateMixin:
         entries = self._module_entries()
         if not entries and self._loaded_scaling:
             entries = list(self._loaded_scaling)  # loaded, not used yet: pass it on
-        return {_MARKER: _VERSION, "entries": entries}
+        return {EXTRA_STATE_MARKER: EXTRA_STATE_VERSION, "entries": entries}
 
     def set_extra_state(self, state: Any) -> None:
         if state is None:
@@ -126,10 +66,10 @@ class ScalingStateMixin:
             raise ValueError(
                 f"{type(self).__name__} {getattr(self, 'name', '')!r}: the checkpoint's "
                 "_extra_state is not a qrecipe scaling state (a dict with key "
-                f"'{_MARKER}'); was it saved from another module type?")
-        if state[_MARKER] != _VERSION:
-            raise ValueError(f"qrecipe scaling state version {state[_MARKER]} is not supported "
-                             f"(this qrecipe reads version {_VERSION})")
+                f"'{EXTRA_STATE_MARKER}'); was it saved from another module type?")
+        if state[EXTRA_STATE_MARKER] != EXTRA_STATE_VERSION:
+            raise ValueError(f"qrecipe scaling state version {state[EXTRA_STATE_MARKER]} is not "
+                             f"supported (this qrecipe reads version {EXTRA_STATE_VERSION})")
         entries = [e for e in state.get("entries", []) if e.get("scaling_states")]
         self._loaded_scaling = entries or None
         for recipe in list(getattr(self, "_roles", {}).keys()):

@@ -33,7 +33,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-_ROWWISE, _COLUMNWISE = 1, 2
+from ..quantization import COLUMNWISE
 
 
 @dataclass
@@ -99,7 +99,7 @@ def cached_weight_operand(weight: torch.Tensor, quantizer, usage: int,
             stats["stale"] += 1
         usage |= entry.usage  # keep every direction the step has needed so far
     elif torch.is_grad_enabled():
-        usage |= _COLUMNWISE  # dgrad of a later micro-batch
+        usage |= COLUMNWISE  # dgrad of a later micro-batch
     source = weight.detach().contiguous()
     operand = quantize(quantizer, source, usage)
     keep(weight, quantizer, usage, operand, generation, group)
