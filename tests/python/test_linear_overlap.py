@@ -83,3 +83,29 @@ def test_emulated_gemms_stay_on_one_stream(monkeypatch, two_stream_calls):
     # its backward never takes the two-stream path.
     run_steps(True, "mxfp8", False, monkeypatch, steps=1)
     assert two_stream_calls == []
+
+
+@pytest.mark.parametrize("recipe_name", ["float8_e4m3", "blockwise"])
+def test_compiled_backward_runs_the_shared_backward(recipe_name, monkeypatch, two_stream_calls):
+    # Under torch.compile the backward operator (compile_ops.linear_backward_op) re-quantizes
+    # x and W and calls linear_gemms.linear_backward: it takes the two-stream path too and
+    # gives the bytes of the eager in-order backward.
+    expected = run_steps(False, recipe_name, False, monkeypatch)
+    monkeypatch.setattr(linear_gemms, "_OVERLAP_MIN_MACS", 0)
+    torch.manual_seed(0)  # the layer and the data of run_steps
+    layer = qrecipe.nn.Linear(IN, OUT, bias=False, device="cuda", dtype=torch.bfloat16,
+                              name="fc")
+    recipe = qrecipe.Recipe.builtin(recipe_name)
+    layer.resolve_roles(recipe)  # engine objects are not traceable: resolve before compiling
+    compiled = torch.compile(layer, backend="aot_eager")
+    for step, want in enumerate(expected):
+        x = torch.randn(TOKENS, IN, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(TOKENS, OUT, device="cuda", dtype=torch.bfloat16)
+        with qrecipe.autocast(recipe):
+            y = compiled(x)
+        y.backward(dy)
+        got = (y.detach(), x.grad, layer.weight.grad)
+        for what, u, v in zip(("y", "dx", "dW"), want, got):
+            assert torch.equal(u, v), f"{recipe_name} step {step}: {what} differs"
+        layer.weight.grad = None
+    assert len(two_stream_calls) == 2  # one per step's backward
