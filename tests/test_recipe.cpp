@@ -179,7 +179,9 @@ TEST_CASE("match: first match wins, lists are any-of, names are globs") {
   CHECK(recipe.match(role("linear", "weight", "layers.12.fc1")) == 0);  // class [0-9]
   CHECK(recipe.match(role("linear", "weight", "layers.2.fc1")) == 1);
   CHECK(recipe.match(role("layernorm_linear", "weight", "layers.20.qkv")) == 1);  // any-of
-  CHECK(recipe.match(role("grouped_linear", "weight", "layers.2.experts")) == 3);
+  // The family: linear covers grouped_linear (role.hpp, kModuleTypes).
+  CHECK(recipe.match(role("grouped_linear", "weight", "layers.2.experts")) == 1);
+  CHECK(recipe.match(role("my_module", "weight", "layers.2.experts")) == 3);
   CHECK(recipe.match(role("linear", "input", "layers.5.mlp.fc1")) == 2);
   CHECK(recipe.match(role("linear", "grad_output", "layers.5.mlp.fc2")) == 2);
   CHECK(recipe.match(role("linear", "input", "layers.25.mlp.fc1")) == 3);  // '?' is one char
@@ -203,7 +205,8 @@ rules:
   CHECK(recipe.source() == "inline.yaml");
   CHECK(recipe.match(role("linear", "weight", "fc")) == 0);
   CHECK(recipe.match(role("linear", "input", "fc")) == -1);
-  CHECK(recipe.match(role("grouped_linear", "weight", "fc")) == -1);
+  CHECK(recipe.match(role("grouped_linear", "weight", "fc")) == 0);  // linear covers it
+  CHECK(recipe.match(role("my_module", "weight", "fc")) == -1);
   CHECK(recipe.resolve(role("linear", "input", "fc")).str() == "float8{dtype=e5m2}");
 
   const Recipe bare = Recipe::parse("version: 1\n");
@@ -347,7 +350,8 @@ TEST_CASE("rule without quantizer") {
   const std::string path = fixture("bad_rule_missing_quantizer.yaml");
   CHECK(std::string(load_error(path).what()) ==
         path + ":5:5: rules[1]: missing required key 'quantizer', e.g. "
-               "`quantizer: {format: float8}`");
+               "`quantizer: {format: float8}` (or `factory: package.module:function` to let a "
+               "Python function decide)");
 }
 
 TEST_CASE("unknown match key: lists the allowed ones") {
@@ -408,7 +412,8 @@ TEST_CASE("more structural problems, inline") {
         "role");
   CHECK(message("version: 1\nrules:\n  - match: {}\n    quantizer: {format: none}\n    "
                 "when: always\n") ==
-        "r.yaml:5:5: rules[0].when: unknown rule key 'when'; allowed keys: match, quantizer");
+        "r.yaml:5:5: rules[0].when: unknown rule key 'when'; allowed keys: match, quantizer, "
+        "factory");
   CHECK(message("version: 1\nrules:\n  - match: {module_type: []}\n    quantizer: {format: "
                 "none}\n") ==
         "r.yaml:3:26: rules[0].match.module_type: an empty list matches nothing; remove the key "

@@ -12,7 +12,7 @@
 namespace qrecipe {
 
 struct QuantizerRole {
-  std::string module_type;  // linear, grouped_linear, layernorm_linear, layernorm_mlp, ...
+  std::string module_type;  // linear, layernorm_linear, layernorm_mlp, grouped_linear, ...
   std::string tensor_type;  // input, weight, grad_output
   std::string name;         // dotted module path; may be empty
 
@@ -30,6 +30,32 @@ struct QuantizerRole {
 
 // The tensor types a GEMM of a linear layer consumes.
 inline constexpr std::string_view kTensorTypes[] = {"input", "weight", "grad_output"};
+
+// The module types the PyTorch adapter gives its roles, each with the family it belongs to.
+// TransformerEngine calls every linear-like GEMM's role "linear", so a recipe rule for a
+// family matches every type in it: `module_type: linear` covers Linear, LayerNormLinear,
+// LayerNormMLP (fc1 and fc2) and GroupedLinear (its experts), while `module_type:
+// layernorm_mlp` still names one type. A type not listed here is its own family.
+// docs/recipes.md ("Roles") documents the table; keep the two in step.
+struct ModuleTypeInfo {
+  std::string_view name;
+  std::string_view family;  // "" for a family's own name
+};
+inline constexpr ModuleTypeInfo kModuleTypes[] = {
+    {"linear", ""},
+    {"layernorm_linear", "linear"},
+    {"layernorm_mlp", "linear"},
+    {"grouped_linear", "linear"},
+};
+
+// Whether a rule's `module_type: rule_type` covers a role of module type `role_type`: the same
+// type, or `rule_type` is the family of `role_type`.
+inline bool module_type_covers(std::string_view rule_type, std::string_view role_type) {
+  if (rule_type == role_type) return true;
+  for (const auto& info : kModuleTypes)
+    if (info.name == role_type) return info.family == rule_type;
+  return false;
+}
 
 }  // namespace qrecipe
 

@@ -108,7 +108,12 @@ bool RuleMatch::matches(const QuantizerRole& role) const {
   auto any_equal = [](const std::vector<std::string>& list, const std::string& value) {
     return list.empty() || std::find(list.begin(), list.end(), value) != list.end();
   };
-  if (!any_equal(module_types, role.module_type)) return false;
+  // A family ("linear") covers its types (role.hpp, kModuleTypes).
+  if (!module_types.empty() &&
+      std::none_of(module_types.begin(), module_types.end(), [&](const std::string& type) {
+        return module_type_covers(type, role.module_type);
+      }))
+    return false;
   if (!any_equal(tensor_types, role.tensor_type)) return false;
   if (names.empty()) return true;
   return std::any_of(names.begin(), names.end(),
