@@ -1,7 +1,10 @@
 // `qrecipe`: the command-line face of the engine.
 //
 //   qrecipe plugins [-v]                          formats found, options, load failures
-//   qrecipe recipe check FILE                     validate a recipe (exit 0 or 1)
+//   qrecipe recipe check FILE [--module TYPE:NAME ...]
+//                                                 validate a recipe (exit 0 or 1); with modules,
+//                                                 also warn of rules that match none of them and
+//                                                 of roles a rule nearly covers
 //   qrecipe recipe explain FILE --module TYPE:NAME[:IN:OUT] ... [--tokens N] [--device cpu|sm90]
 //                                                 the quantizer every role of those modules gets,
 //                                                 and how each GEMM runs on that device
@@ -27,7 +30,7 @@ using namespace qrecipe;
 constexpr const char* kUsage =
     "usage:\n"
     "  qrecipe plugins [-v]\n"
-    "  qrecipe recipe check FILE\n"
+    "  qrecipe recipe check FILE [--module TYPE:NAME ...]\n"
     "  qrecipe recipe explain FILE --module TYPE:NAME[:IN:OUT] [--module ...]\n"
     "                         [--tokens N] [--device cpu|sm90]\n"
     "  qrecipe quantize --format FORMAT [--option KEY=VALUE ...] [--shape ROWSxCOLS]\n"
@@ -73,24 +76,54 @@ int cmd_plugins(const std::vector<std::string>& args) {
   return 0;
 }
 
-int cmd_recipe_check(const std::vector<std::string>& args) {
-  if (args.size() != 1) throw UsageError("`qrecipe recipe check` takes exactly one FILE");
-  const Recipe recipe = Recipe::load(args[0]);
-  const auto errors = recipe.check(*Registry::shared());
-  for (const auto& e : errors) std::cerr << "error: " << e.what() << "\n";
-  if (!errors.empty()) {
-    std::cerr << args[0] << ": " << errors.size() << " problem(s)\n";
-    return 1;
-  }
-  std::cout << args[0] << ": ok (recipe '" << recipe.name() << "', " << recipe.rules().size()
-            << " rules)\n";
-  return 0;
-}
-
 struct ModuleArg {
   std::string type, name;
   std::int64_t in_features = 1024, out_features = 1024;
 };
+ModuleArg parse_module(const std::string& s);
+
+// The three roles of each module given.
+std::vector<QuantizerRole> roles_of(const std::vector<ModuleArg>& modules) {
+  std::vector<QuantizerRole> roles;
+  for (const auto& m : modules)
+    for (const auto tensor_type : kTensorTypes)
+      roles.push_back({m.type, std::string(tensor_type), m.name});
+  return roles;
+}
+
+int cmd_recipe_check(const std::vector<std::string>& args) {
+  std::string file;
+  std::vector<ModuleArg> modules;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--module") {
+      if (i + 1 >= args.size()) throw UsageError("--module needs a value");
+      modules.push_back(parse_module(args[++i]));
+    } else if (file.empty()) {
+      file = args[i];
+    } else {
+      throw UsageError("`qrecipe recipe check` takes one FILE (and --module TYPE:NAME ...); "
+                       "unexpected '" + args[i] + "'");
+    }
+  }
+  if (file.empty()) throw UsageError("`qrecipe recipe check` needs a recipe FILE");
+  const Recipe recipe = Recipe::load(file);
+  const auto errors = recipe.check(*Registry::shared());
+  for (const auto& e : errors) std::cerr << "error: " << e.what() << "\n";
+  if (!errors.empty()) {
+    std::cerr << file << ": " << errors.size() << " problem(s)\n";
+    return 1;
+  }
+  // Warnings say what the recipe does to these modules that its author may not mean; they do
+  // not fail the check.
+  const auto warnings = recipe.coverage(roles_of(modules));
+  for (const auto& w : warnings) std::cerr << "warning: " << w << "\n";
+  std::cout << file << ": ok (recipe '" << recipe.name() << "', " << recipe.rules().size()
+            << " rules";
+  if (!modules.empty())
+    std::cout << "; " << modules.size() << " module(s), " << warnings.size() << " warning(s)";
+  std::cout << ")\n";
+  return 0;
+}
 
 std::int64_t parse_positive(const std::string& s, const std::string& what) {
   try {
@@ -160,20 +193,30 @@ int cmd_recipe_explain(const std::vector<std::string>& args) {
   for (const auto& m : modules) {
     std::cout << m.type << " " << m.name << " [" << m.in_features << " -> " << m.out_features
               << "]:\n";
+    // A role a Python factory decides cannot be resolved here: say so, and plan nothing.
+    bool delegated = false;
+    for (const auto tensor_type : kTensorTypes) {
+      const QuantizerRole role{m.type, std::string(tensor_type), m.name};
+      const int rule = recipe.match(role);
+      if (rule < 0 || !recipe.rules()[rule].delegates()) continue;
+      delegated = true;
+      std::cout << "  " << role.tensor_type << ": decided by the Python factory '"
+                << recipe.rules()[rule].factory << "'  <- " << recipe.decider_str(role) << "\n";
+    }
+    if (delegated) {
+      std::cout << "  (a factory runs in Python: `qrecipe.Recipe.load(FILE).explain(model)` "
+                   "shows what it gives and how the GEMMs run)\n";
+      continue;
+    }
     const LinearPlan plan =
         engine.plan_linear(m.type, m.name, m.in_features, m.out_features, tokens, target);
     const std::pair<const QuantizerRole*, const std::shared_ptr<Quantizer>*> roles[] = {
         {&plan.input, &plan.input_q}, {&plan.weight, &plan.weight_q},
         {&plan.grad_output, &plan.grad_output_q}};
-    for (const auto& [role, q] : roles) {
-      const int rule = recipe.match(*role);
-      const std::string origin =
-          rule < 0 ? "defaults"
-                   : "rules[" + std::to_string(rule) + "] (" +
-                         recipe.rules()[rule].location.str() + ")";
+    for (const auto& [role, q] : roles)
       std::cout << "  " << role->tensor_type << ": "
-                << (*q ? (*q)->describe() : "none (high precision)") << "  <- " << origin << "\n";
-    }
+                << (*q ? (*q)->describe() : "none (high precision)") << "  <- "
+                << engine.origin(*role) << "\n";
     for (const auto* g : {&plan.fprop, &plan.dgrad, &plan.wgrad})
       std::cout << "  " << gemm_kind_name(g->kind) << " [" << g->m << "x" << g->n << "x" << g->k
                 << "]: " << g->a.str() << " x " << g->b.str() << " -> " << g->plan.str() << "\n";

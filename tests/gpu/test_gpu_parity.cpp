@@ -33,6 +33,8 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "qrecipe/conversions.hpp"
@@ -600,6 +602,61 @@ TEST_CASE("delayed-scaling state on a CUDA device: engine update == CPU update")
   CHECK(values[1][2] == 3.0f);
   CHECK(values[1][3] == 64.0f);
   CHECK(values[1][4] == 1.0f / 64.0f);
+}
+
+TEST_CASE("shared delayed-scaling states on CUDA update as one, as on the CPU") {
+  if (!qrecipe::cuda_available()) {
+    MESSAGE("not supported: " << qrecipe::cuda_status());
+    return;
+  }
+  // Share groups (Engine::acquire_scaling_state): two members on cuda:0 (the group max is
+  // taken on the device before the update), two on the CPU, one on each (through the host),
+  // and a lone CUDA state. Every member of every group must end where the CPU group ends.
+  Engine engine(Recipe::parse("version: 1\ndefaults: {format: none}\n"), registry());
+  qr_scaling_request request{};
+  request.struct_size = sizeof request;
+  request.history_len = 3;
+  request.fp8_max = 448.0f;
+  const qr_device cpu{QR_DEVICE_CPU, 0}, gpu{QR_DEVICE_CUDA, 0};
+  std::vector<qr_scaling_state> members;  // pairs: [cpu a, cpu b, gpu a, gpu b, mixed a, mixed b]
+  for (const auto& [share, da, db] : {std::tuple{"c", cpu, cpu}, std::tuple{"g", gpu, gpu},
+                                      std::tuple{"m", cpu, gpu}}) {
+    request.device = da;
+    members.push_back(engine.acquire_scaling_state(request, std::string(share) + ".a", share));
+    request.device = db;
+    members.push_back(engine.acquire_scaling_state(request, std::string(share) + ".b", share));
+  }
+  request.device = gpu;
+  const qr_scaling_state lone = engine.acquire_scaling_state(request, "lone");
+  const auto set_row0 = [](const qr_scaling_state& s, float amax) {
+    if (s.device.type == QR_DEVICE_CPU)
+      s.amax_history[0] = amax;
+    else
+      qrecipe::copy_to_device(s.amax_history, &amax, 4);
+  };
+  const std::pair<float, float> steps[] = {{2.0f, 5.0f}, {0.5f, 0.25f}, {7.0f, 1.0f},
+                                           {0.0f, 0.0f}, {3.0f, 4.0f}};
+  for (const auto& [a, b] : steps) {
+    for (std::size_t i = 0; i < members.size(); i += 2) {
+      set_row0(members[i], a);
+      set_row0(members[i + 1], b);
+    }
+    set_row0(lone, a);
+    engine.update_scaling();  // on the legacy default stream, then read back (synchronous)
+    const auto values = state_values(engine);
+    REQUIRE(values.size() == 7);
+    for (std::size_t i = 1; i < 6; ++i) CHECK_MESSAGE(values[i] == values[0], "member " << i);
+  }
+  // Group amaxes 5, 0.5, 7, (0: no change), 4 with history 3 and algo max: [0, 7, 4], scale
+  // 448 / 7 = 64. The lone state saw 2, 0.5, 7, 0, 3: [0, 7, 3], also 64.
+  const auto values = state_values(engine);
+  CHECK(values[0] == std::vector<float>{0.0f, 7.0f, 4.0f, 64.0f, 1.0f / 64.0f});
+  CHECK(values[6] == std::vector<float>{0.0f, 7.0f, 3.0f, 64.0f, 1.0f / 64.0f});
+  // Caller-reduced amaxes (a distributed step): the group takes the max over its members.
+  engine.update_scaling({1.0f, 9.0f, 1.0f, 9.0f, 1.0f, 9.0f, 1.0f});
+  const auto reduced = state_values(engine);
+  for (std::size_t i = 0; i < 6; ++i)
+    CHECK(reduced[i] == std::vector<float>{0.0f, 4.0f, 9.0f, 448.0f / 9.0f, 1.0f / (448.0f / 9.0f)});
 }
 
 TEST_CASE("delayed-scaling state moved cpu -> cuda:0 -> cpu keeps its values") {

@@ -34,9 +34,24 @@ class DeviceScalingTable;  // engine/src/scaling/scaling_cuda.hpp (CUDA builds)
 struct ScalingState {
   qr_scaling_request request{};
   std::string owner;  // "role format" of the quantizer that asked (logs, checkpoints)
+  std::string share;  // the spec's `share` name: states with the same name act as one ("" = own)
   Buffer history, scale, scale_inv;
   qr_scaling_state c{};
 };
+
+// A role whose recipe rule delegates to a factory (RecipeRule::factory): what the engine asks
+// the host that runs factories (the Python adapter), and what it answers.
+struct FactoryCall {
+  std::string factory;  // the rule's reference, e.g. "my_recipes:qfactory"
+  std::string rule;     // the deciding rule, "rules[2] (recipe.yaml:7:5)"
+  QuantizerRole role;
+};
+struct FactorySpec {
+  QuantizerSpec spec;   // validated by the engine like a recipe's spec (format none allowed)
+  std::string origin;   // where it came from, for errors and explain: "factory
+                        // 'my_recipes.qfactory' (my_recipes.py:12)"
+};
+using FactoryResolver = std::function<FactorySpec(const FactoryCall&)>;
 
 // How the three GEMMs of one linear layer y = x W^T run under the recipe (see plan_linear).
 struct LinearPlan {
@@ -64,8 +79,16 @@ class Engine {
   Registry& registry() const { return *registry_; }
   const std::shared_ptr<Allocator>& allocator() const { return allocator_; }
 
-  // The quantizer the recipe gives `role` (nullptr for format none); cached per role.
+  // The quantizer the recipe gives `role` (nullptr for format none); cached per role. A rule
+  // that delegates to a factory asks the factory resolver (once per role): its spec is
+  // validated like the recipe's own, and an error names the factory's origin and the role.
   std::shared_ptr<Quantizer> resolve(const QuantizerRole& role);
+  // Where resolve(role) got its spec: "rules[2] (recipe.yaml:7:5)", "defaults (...)", or for a
+  // delegating rule "rules[2] (...) -> <the factory's origin>". Resolves the role.
+  std::string origin(const QuantizerRole& role);
+  // The host's factory runner (the Python adapter installs one per engine). Without one, a role
+  // whose rule delegates is an error naming the rule and the factory.
+  void set_factory_resolver(FactoryResolver resolver);
   // An uncached quantizer for an explicit spec (validated first).
   std::shared_ptr<Quantizer> make_quantizer(const QuantizerSpec& spec, const QuantizerRole& role);
 
@@ -135,10 +158,21 @@ class Engine {
   ScalingValues scaling_values(std::size_t index) const;
   void set_scaling_values(std::size_t index, const ScalingValues& values);
 
-  // Called through the host table (host_api.cpp).
-  qr_scaling_state acquire_scaling_state(const qr_scaling_request& request, const std::string& owner);
-  // "role format" of the quantizer this thread is creating (the owner of a state it requests).
+  // Called through the host table (host_api.cpp) for the quantizer this thread is creating
+  // (make_quantizer), with its owner and its spec's `share` name. A state with a
+  // share name is one of a group that acts as ONE state: every member starts from the group's
+  // values, quantizers read their member's scale and max-accumulate into its history row 0 as
+  // usual, and every update, checkpoint read or write treats the group as one state (the step's
+  // amax is the max over the members' row 0; all members get the same history and scale).
+  // Members keep their own buffers, so each follows its own quantizer's device. A member whose
+  // request (history length, algorithm, margin, fp8 max) differs from the group's is an error
+  // naming both owners.
+  qr_scaling_state acquire_scaling_state(const qr_scaling_request& request,
+                                         const std::string& owner, const std::string& share = "");
+  // "role format" of the quantizer this thread is creating (the owner of a state it requests)
+  // and its spec's share name.
   static std::string creating_owner();
+  static std::string creating_share();
   // Moves the state whose history is `amax_history` to `device` (values kept, old buffers
   // freed, position in scaling_states() unchanged) and returns its new pointers. Copies go
   // through the legacy default stream, synchronized.
@@ -150,13 +184,28 @@ class Engine {
   // reduced_amaxes empty: each state's own row 0 (read on its device for CUDA states).
   void update_states(const std::vector<std::size_t>& indices,
                      const std::vector<float>& reduced_amaxes, const StreamFor& stream_for);
+  // Counts a state acquired by the quantizer this thread is creating (make_quantizer checks
+  // that a spec with a share name got one).
+  static void note_state_acquired();
+  // The members of state `index`'s share group (just `index` for a state of its own).
+  std::vector<std::size_t> group_of(std::size_t index) const;
+  // `indices` plus every other member of their groups, in ascending order.
+  std::vector<std::size_t> with_groups(const std::vector<std::size_t>& indices) const;
+  // The spec a role gets and where from (a factory's answer, stamped with its origin).
+  std::pair<QuantizerSpec, std::string> spec_for(const QuantizerRole& role);
 
   Recipe recipe_;
   std::shared_ptr<Registry> registry_;
   std::shared_ptr<Allocator> allocator_;
+  FactoryResolver factory_resolver_;
   std::mutex mutex_;
   std::unordered_map<QuantizerRole, std::shared_ptr<Quantizer>> cache_;
+  std::unordered_map<QuantizerRole, std::string> origins_;
   std::vector<std::unique_ptr<ScalingState>> states_;
+  // share name -> indices into states_ of its members; member -> its group (states of their
+  // own are absent).
+  std::map<std::string, std::vector<std::size_t>> share_groups_;
+  std::unordered_map<std::size_t, std::string> group_name_;
   // Bumped whenever a state is added or moves to another device: the device update tables
   // built from the states' pointers are re-uploaded only then.
   std::uint64_t states_version_ = 1;

@@ -50,10 +50,18 @@ struct RuleMatch {
   std::string str() const;  // "{module_type: linear, tensor_type: [input, weight]}"
 };
 
+// A rule decides its roles' spec itself (`quantizer:`) or delegates them to a factory
+// (`factory: package.module:function`): a function the host (the Python adapter) calls once
+// per role, whose answer the engine validates like any spec (Engine::set_factory_resolver).
 struct RecipeRule {
   RuleMatch match;
-  QuantizerSpec quantizer;
+  QuantizerSpec quantizer;  // unused when the rule delegates
+  std::string factory;      // "" unless the rule delegates
   SourceLocation location;
+
+  bool delegates() const { return !factory.empty(); }
+  // What the rule gives: the spec's str(), or "factory package.module:function".
+  std::string decision_str() const { return delegates() ? "factory " + factory : quantizer.str(); }
 };
 
 class Recipe {
@@ -62,6 +70,11 @@ class Recipe {
   static Recipe parse(const std::string& yaml_text, const std::string& source_name = "<string>");
   // A recipe with no rules whose defaults are `spec` (e.g. the whole model in float8).
   static Recipe uniform(const QuantizerSpec& spec, const std::string& name = "uniform");
+  // A recipe whose one rule (`match: {}`) delegates every role to `factory` (any non-empty
+  // reference the engine's factory resolver understands; a Python callable's display name for
+  // `qrecipe.Recipe.from_factory`). `source` is what errors and `explain` name.
+  static Recipe from_factory(const std::string& factory, const std::string& name,
+                             const std::string& source);
 
   // All validation problems against the loaded plugins (empty = valid).
   std::vector<RecipeError> check(const Registry& registry) const;
@@ -78,7 +91,18 @@ class Recipe {
 
   // Index of the first matching rule, or -1 when the defaults apply.
   int match(const QuantizerRole& role) const;
+  // The spec of the deciding rule (or the defaults). A rule that delegates to a factory has
+  // none here: that is a RecipeError naming the rule (Engine::resolve calls the factory).
   const QuantizerSpec& resolve(const QuantizerRole& role) const;
+  // "rules[2] (file:7:5)" or "defaults (file)": who decides `role` (explain, errors).
+  std::string decider_str(const QuantizerRole& role) const;
+
+  // What a reader of the recipe would want to know about it applied to `roles` (the roles of a
+  // model's modules): each rule that matches none of them, each rule that matches some but is
+  // always beaten by an earlier rule, and each role that no rule matches and the defaults
+  // leave in high precision while a rule would quantize it but for its module_type or name.
+  // One line per finding, grouped per module; empty when there is nothing to say.
+  std::vector<std::string> coverage(const std::vector<QuantizerRole>& roles) const;
 
  private:
   std::string name_ = "unnamed";

@@ -48,10 +48,16 @@ struct OptionValue {
   std::string str() const;
 };
 
+// The key a spec uses to name a shared scaling state (`share: NAME`, beside `format`): an
+// engine key, never passed to the plugin. Roles whose specs give the same name keep one
+// delayed-scaling state (amax history and scale); see Engine::acquire_scaling_state.
+inline constexpr const char* kShareKey = "share";
+
 struct QuantizerSpec {
   std::string format = "none";
   std::vector<std::pair<std::string, OptionValue>> options;
   SourceLocation location;
+  std::string share;  // the shared scaling state's name ("" = the role's own state)
 
   bool is_none() const { return format == "none"; }
   const OptionValue* find(const std::string& key) const {
@@ -59,12 +65,14 @@ struct QuantizerSpec {
       if (k == key) return &v;
     return nullptr;
   }
-  // Stable, compact form: "float8{scaling=delayed, margin=0}" or "none".
+  // Stable, compact form: "float8{scaling=delayed, margin=0}" or "none"; a shared state's
+  // name comes last ("...{scaling=delayed, share=weights}").
   std::string str() const {
-    if (options.empty()) return format;
+    if (options.empty() && share.empty()) return format;
     std::string s = format + "{";
     for (std::size_t i = 0; i < options.size(); ++i)
       s += (i ? ", " : "") + options[i].first + "=" + options[i].second.str();
+    if (!share.empty()) s += (options.empty() ? "" : ", ") + std::string(kShareKey) + "=" + share;
     return s + "}";
   }
 };

@@ -5,6 +5,7 @@
 //   parse.cpp            YAML text -> ParsedRecipe (structure only, option values as text)
 //   validate.cpp         specs x the loaded plugins' schemas -> typed specs or Problems
 //   recipe.cpp           the Recipe members (load, parse, check, validate, resolve)
+//   coverage.cpp         Recipe::coverage: rules that match nothing, roles a rule nearly covers
 //
 // The parser and the validator collect every problem they find (a Problem is a location, a
 // key path and a message) instead of stopping at the first, so `qrecipe recipe check` shows

@@ -8,6 +8,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -20,7 +21,7 @@ namespace {
 
 constexpr std::string_view kTopLevelKeys[] = {"version", "name", "description", "defaults",
                                               "rules"};
-constexpr std::string_view kRuleKeys[] = {"match", "quantizer"};
+constexpr std::string_view kRuleKeys[] = {"match", "quantizer", "factory"};
 constexpr std::string_view kMatchKeys[] = {"module_type", "tensor_type", "name"};
 
 std::string describe_node(const YAML::Node& node) {
@@ -166,22 +167,65 @@ class Parser {
                            describe_node(node));
       return out;
     }
-    bool has_match = false, has_quantizer = false;
+    bool has_match = false, has_quantizer = false, has_factory = false;
     for_each_entry(node, path, kRuleKeys, "rule key",
                    [&](const std::string& key, const YAML::Node& value, const std::string& key_path) {
                      if (key == "match") {
                        has_match = true;
                        out.match = match(value, key_path);
-                     } else {
+                     } else if (key == "quantizer") {
                        has_quantizer = true;
                        out.quantizer = spec(value, key_path);
+                     } else {
+                       has_factory = true;
+                       out.factory = factory(value, key_path);
                      }
                    });
     if (!has_match)
       fail(node, path, "missing required key 'match'; write `match: {}` to match every role");
-    if (!has_quantizer)
-      fail(node, path, "missing required key 'quantizer', e.g. `quantizer: {format: float8}`");
+    if (has_quantizer && has_factory)
+      fail(node[std::string("factory")], child_path(path, "factory"),
+           "a rule gives either 'quantizer' or 'factory', not both; keep one");
+    else if (!has_quantizer && !has_factory)
+      fail(node, path, "missing required key 'quantizer', e.g. `quantizer: {format: float8}` "
+                       "(or `factory: package.module:function` to let a Python function decide)");
     return out;
+  }
+
+  // `factory: package.module:function`: the Python function (a dotted path inside the module)
+  // that decides the roles of this rule; the adapter imports it when a role needs it.
+  std::string factory(const YAML::Node& node, const std::string& path) {
+    const auto text = string_scalar(node, path);
+    if (!text) return "";
+    const std::string why = factory_problem(*text);
+    if (!why.empty()) {
+      fail(node, path, "expected 'package.module:function' (a Python module to import and the "
+                       "function in it that decides each role), got '" + *text + "': " + why);
+      return "";
+    }
+    return *text;
+  }
+
+  // Why `text` is not "dotted.module:dotted.function" with Python identifiers ("" if it is).
+  static std::string factory_problem(std::string_view text) {
+    const auto colon = text.find(':');
+    if (colon == std::string_view::npos) return "no ':' between the module and the function";
+    if (text.find(':', colon + 1) != std::string_view::npos) return "more than one ':'";
+    for (const std::string_view part : {text.substr(0, colon), text.substr(colon + 1)}) {
+      if (part.empty()) return "an empty module or function name";
+      std::size_t start = 0;
+      while (start <= part.size()) {
+        const std::size_t dot = std::min(part.find('.', start), part.size());
+        const std::string_view word = part.substr(start, dot - start);
+        if (word.empty() || std::isdigit(static_cast<unsigned char>(word.front())) ||
+            !std::all_of(word.begin(), word.end(), [](char c) {
+              return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+            }))
+          return "'" + std::string(part) + "' is not a dotted Python name";
+        start = dot + 1;
+      }
+    }
+    return "";
   }
 
   RuleMatch match(const YAML::Node& node, const std::string& path) {

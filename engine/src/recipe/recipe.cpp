@@ -55,6 +55,20 @@ Recipe Recipe::uniform(const QuantizerSpec& spec, const std::string& name) {
   return recipe;
 }
 
+Recipe Recipe::from_factory(const std::string& factory, const std::string& name,
+                            const std::string& source) {
+  QR_CHECK(!factory.empty(), "Recipe::from_factory needs a factory reference");
+  Recipe recipe;
+  recipe.name_ = name;
+  recipe.source_ = source;
+  RecipeRule rule;  // match: {} -> every role
+  rule.factory = factory;
+  rule.location = {source, 0, 0};
+  rule.quantizer.location = rule.location;
+  recipe.rules_.push_back(std::move(rule));
+  return recipe;
+}
+
 std::vector<RecipeError> Recipe::check(const Registry& registry) const {
   std::vector<RecipeError> errors;
   for (const Problem& problem : check_recipe(*this, registry).problems)
@@ -83,7 +97,22 @@ int Recipe::match(const QuantizerRole& role) const {
 
 const QuantizerSpec& Recipe::resolve(const QuantizerRole& role) const {
   const int index = match(role);
-  return index < 0 ? defaults_ : rules_[static_cast<std::size_t>(index)].quantizer;
+  if (index < 0) return defaults_;
+  const RecipeRule& rule = rules_[static_cast<std::size_t>(index)];
+  if (rule.delegates())
+    throw RecipeError(rule.location,
+                      "rules[" + std::to_string(index) + "] delegates role " + role.str() +
+                          " to the factory '" + rule.factory + "', which only an engine with a "
+                          "factory resolver can call (the Python adapter: qrecipe.Recipe); the "
+                          "recipe alone cannot say what the role gets");
+  return rule.quantizer;
+}
+
+std::string Recipe::decider_str(const QuantizerRole& role) const {
+  const int index = match(role);
+  if (index < 0) return "defaults (" + defaults_.location.str() + ")";
+  return "rules[" + std::to_string(index) + "] (" +
+         rules_[static_cast<std::size_t>(index)].location.str() + ")";
 }
 
 }  // namespace qrecipe

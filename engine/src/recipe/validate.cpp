@@ -84,7 +84,13 @@ class Validator {
     QuantizerSpec out;
     out.format = in.format;
     out.location = in.location;
+    // A spec validated before (or made in code) carries the shared state's name as a field.
+    if (!in.share.empty() && share_allowed(in.location, child_path(path, kShareKey), nested, in))
+      out.share = in.share;
     if (in.is_none()) {
+      if (!in.share.empty())
+        fail(in.location, child_path(path, kShareKey),
+             "format none keeps high precision and no scaling state to share; remove 'share'");
       if (!in.options.empty())
         fail(in.options.front().second.location, child_path(path, in.options.front().first),
              "format none keeps high precision and takes no options; remove '" +
@@ -108,6 +114,10 @@ class Validator {
         fail(value.location, key_path, "option '" + key + "' is given twice; keep only one");
         continue;
       }
+      if (key == kShareKey) {  // the engine's key, beside `format`: not the plugin's option
+        if (const auto name = share_name(value, key_path, nested, in)) out.share = *name;
+        continue;
+      }
       const OptionSchema* schema = plugin->find_option(key);
       if (!schema) {
         fail(value.location, key_path, unknown_option(*plugin, key));
@@ -126,6 +136,39 @@ class Validator {
  private:
   void fail(const SourceLocation& location, std::string path, std::string what) {
     problems_.push_back({location, std::move(path), std::move(what)});
+  }
+
+  // `share: NAME` (a shared scaling state, Engine::acquire_scaling_state): a non-empty name,
+  // on a top-level spec only. The check that the quantizer keeps a scaling state at all needs
+  // the quantizer, so the engine makes it when it creates one.
+  std::optional<std::string> share_name(const OptionValue& value, const std::string& path,
+                                        bool nested, const QuantizerSpec& in) {
+    if (value.type != QR_OPTION_STRING && value.type != QR_OPTION_ENUM) {
+      fail(value.location, path, "expected the name of a shared scaling state (a string), got " +
+                                     (value.type == QR_OPTION_QUANTIZER
+                                          ? std::string("a nested quantizer spec (a map)")
+                                          : "'" + value.str() + "' (" +
+                                                option_type_name(value.type) + ")"));
+      return std::nullopt;
+    }
+    if (value.string_value.empty()) {
+      fail(value.location, path, "the name of a shared scaling state is empty; give a name, "
+                                 "e.g. `share: weights`, or remove the key");
+      return std::nullopt;
+    }
+    if (!share_allowed(value.location, path, nested, in)) return std::nullopt;
+    return value.string_value;
+  }
+
+  bool share_allowed(const SourceLocation& location, const std::string& path, bool nested,
+                     const QuantizerSpec& in) {
+    if (nested) {
+      fail(location, path, "a nested quantizer spec (format '" + in.format + "') cannot share "
+                           "a scaling state; `share` belongs to a top-level quantizer spec, "
+                           "beside its `format`");
+      return false;
+    }
+    return true;
   }
 
   std::string unknown_format(const std::string& format) const {
@@ -293,9 +336,14 @@ CheckedRecipe check_recipe(const Recipe& recipe, const Registry& registry) {
   Validator validator(registry);
   CheckedRecipe out;
   out.defaults = validator.spec(recipe.defaults(), "defaults", false);
-  for (std::size_t i = 0; i < recipe.rules().size(); ++i)
-    out.rule_quantizers.push_back(validator.spec(
-        recipe.rules()[i].quantizer, "rules[" + std::to_string(i) + "].quantizer", false));
+  for (std::size_t i = 0; i < recipe.rules().size(); ++i) {
+    const RecipeRule& rule = recipe.rules()[i];
+    // A delegating rule has no spec yet: the engine validates what its factory returns.
+    out.rule_quantizers.push_back(
+        rule.delegates() ? rule.quantizer
+                         : validator.spec(rule.quantizer,
+                                          "rules[" + std::to_string(i) + "].quantizer", false));
+  }
   out.problems = std::move(validator.problems());
   return out;
 }

@@ -75,7 +75,8 @@ qr_status host_scaling_state_acquire(qr_host_context* ctx, const qr_scaling_requ
     QR_CHECK(ctx && request && out, "scaling_state_acquire called with null arguments");
     QR_CHECK(request->struct_size >= sizeof(qr_scaling_request), "qr_scaling_request struct_size ",
              request->struct_size, " < ", sizeof(qr_scaling_request));
-    *out = Engine::from_host_context(ctx)->acquire_scaling_state(*request, Engine::creating_owner());
+    *out = Engine::from_host_context(ctx)->acquire_scaling_state(
+        *request, Engine::creating_owner(), Engine::creating_share());
   });
 }
 

@@ -2,6 +2,7 @@
 // devices, read and written for checkpoints, and updated once per step on the CPU or by one
 // CUDA launch per device, scaling/scaling_cuda.cu).
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <sstream>
 #include <vector>
@@ -13,8 +14,66 @@
 
 namespace qrecipe {
 
+namespace {
+
+std::string request_str(const qr_scaling_request& r) {
+  std::ostringstream os;
+  os << "amax_history_len " << r.history_len << ", amax_compute_algo "
+     << (r.algo_most_recent ? "most_recent" : "max") << ", margin " << r.margin << ", fp8 max "
+     << r.fp8_max;
+  return os.str();
+}
+
+bool same_settings(const qr_scaling_request& a, const qr_scaling_request& b) {
+  return a.history_len == b.history_len && a.algo_most_recent == b.algo_most_recent &&
+         a.margin == b.margin && a.fp8_max == b.fp8_max;
+}
+
+// The values of one state, through the host (CUDA states: synchronous copies).
+Engine::ScalingValues read_values(const ScalingState& s) {
+  Engine::ScalingValues v;
+  const auto n = static_cast<std::size_t>(s.c.history_len);
+  v.amax_history.resize(n);
+  if (s.c.device.type == QR_DEVICE_CPU) {
+    std::copy(s.c.amax_history, s.c.amax_history + n, v.amax_history.begin());
+    v.scale = *s.c.scale;
+    v.scale_inv = *s.c.scale_inv;
+  } else {
+    copy_to_host(v.amax_history.data(), s.c.amax_history, n * sizeof(float));
+    copy_to_host(&v.scale, s.c.scale, sizeof(float));
+    copy_to_host(&v.scale_inv, s.c.scale_inv, sizeof(float));
+  }
+  return v;
+}
+
+// In place: quantizers hold these pointers.
+void write_values(ScalingState& s, const Engine::ScalingValues& values) {
+  const auto n = static_cast<std::size_t>(s.c.history_len);
+  if (s.c.device.type == QR_DEVICE_CPU) {
+    std::copy(values.amax_history.begin(), values.amax_history.end(), s.c.amax_history);
+    *s.c.scale = values.scale;
+    *s.c.scale_inv = values.scale_inv;
+  } else {
+    copy_to_device(s.c.amax_history, values.amax_history.data(), n * sizeof(float));
+    copy_to_device(s.c.scale, &values.scale, sizeof(float));
+    copy_to_device(s.c.scale_inv, &values.scale_inv, sizeof(float));
+  }
+}
+
+float row0_of(const ScalingState& s) {
+  float row0 = 0.0f;
+  if (s.c.device.type == QR_DEVICE_CPU)
+    row0 = s.c.amax_history[0];
+  else
+    copy_to_host(&row0, s.c.amax_history, sizeof row0);
+  return row0;
+}
+
+}  // namespace
+
 qr_scaling_state Engine::acquire_scaling_state(const qr_scaling_request& request,
-                                               const std::string& owner) {
+                                               const std::string& owner,
+                                               const std::string& share) {
   QR_CHECK(request.history_len >= 1, "delayed scaling needs amax_history_len >= 1, got ",
            request.history_len);
   QR_CHECK(request.fp8_max > 0.0f, "delayed scaling needs a positive fp8_max, got ",
@@ -26,9 +85,22 @@ qr_scaling_state Engine::acquire_scaling_state(const qr_scaling_request& request
   // CUDA states come from the CUDA allocator (throws UNSUPPORTED in a build without CUDA).
   const std::shared_ptr<Allocator> allocator = device.is_cpu() ? allocator_ : cuda_allocator();
   std::lock_guard<std::mutex> lock(mutex_);
+  const ScalingState* group_first = nullptr;
+  if (!share.empty()) {
+    if (auto it = share_groups_.find(share); it != share_groups_.end()) {
+      group_first = states_[it->second.front()].get();
+      QR_CHECK(same_settings(group_first->request, request), "the delayed-scaling state shared as '",
+               share, "' was made by ", group_first->owner, " with ",
+               request_str(group_first->request), ", but ", owner, " asks for it with ",
+               request_str(request), "; roles that share a state need the same delayed-scaling "
+               "settings and FP8 dtype (or another share name)");
+    }
+  }
+  note_state_acquired();
   auto s = std::make_unique<ScalingState>();
   s->request = request;
   s->owner = owner;
+  s->share = share;
   const auto n = static_cast<std::size_t>(request.history_len);
   s->history = Buffer(allocator, n * sizeof(float), device);  // zero-filled
   s->scale = Buffer(allocator, sizeof(float), device);
@@ -47,9 +119,34 @@ qr_scaling_state Engine::acquire_scaling_state(const qr_scaling_request& request
   s->c.scale_inv = static_cast<float*>(s->scale_inv.data());
   s->c.history_len = request.history_len;
   s->c.device = request.device;
+  if (group_first != nullptr) {
+    // A late member starts where the group is: its history and scale, and a row 0 of its own.
+    ScalingValues v = read_values(*group_first);
+    v.amax_history[0] = 0.0f;
+    write_values(*s, v);
+  }
   states_.push_back(std::move(s));
+  if (!share.empty()) {
+    share_groups_[share].push_back(states_.size() - 1);
+    group_name_[states_.size() - 1] = share;
+  }
   ++states_version_;
   return states_.back()->c;
+}
+
+std::vector<std::size_t> Engine::group_of(std::size_t index) const {
+  if (auto it = group_name_.find(index); it != group_name_.end())
+    return share_groups_.at(it->second);
+  return {index};
+}
+
+std::vector<std::size_t> Engine::with_groups(const std::vector<std::size_t>& indices) const {
+  std::vector<std::size_t> out;
+  for (std::size_t i : indices)
+    for (std::size_t member : group_of(i)) out.push_back(member);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
 qr_scaling_state Engine::move_scaling_state(const float* amax_history, const qr_device& device) {
@@ -106,33 +203,17 @@ qr_scaling_state Engine::move_scaling_state(const float* amax_history, const qr_
 std::vector<float> Engine::current_amaxes() const {
   std::vector<float> out;
   out.reserve(states_.size());
-  for (const auto& s : states_) {
-    float row0 = 0.0f;
-    if (s->c.device.type == QR_DEVICE_CPU)
-      row0 = s->c.amax_history[0];
-    else
-      copy_to_host(&row0, s->c.amax_history, sizeof row0);
-    out.push_back(row0);
-  }
+  for (const auto& s : states_) out.push_back(row0_of(*s));
   return out;
 }
 
 Engine::ScalingValues Engine::scaling_values(std::size_t index) const {
   QR_CHECK(index < states_.size(), "scaling state ", index, " does not exist; this engine has ",
            states_.size());
-  const ScalingState& s = *states_[index];
-  ScalingValues v;
-  const auto n = static_cast<std::size_t>(s.c.history_len);
-  v.amax_history.resize(n);
-  if (s.c.device.type == QR_DEVICE_CPU) {
-    std::copy(s.c.amax_history, s.c.amax_history + n, v.amax_history.begin());
-    v.scale = *s.c.scale;
-    v.scale_inv = *s.c.scale_inv;
-  } else {
-    copy_to_host(v.amax_history.data(), s.c.amax_history, n * sizeof(float));
-    copy_to_host(&v.scale, s.c.scale, sizeof(float));
-    copy_to_host(&v.scale_inv, s.c.scale_inv, sizeof(float));
-  }
+  ScalingValues v = read_values(*states_[index]);
+  // A shared state's row 0 is the group's: the max over its members.
+  for (std::size_t member : group_of(index))
+    if (member != index) v.amax_history[0] = std::fmax(v.amax_history[0], row0_of(*states_[member]));
   return v;
 }
 
@@ -144,16 +225,13 @@ void Engine::set_scaling_values(std::size_t index, const ScalingValues& values) 
   QR_CHECK(values.amax_history.size() == n, "scaling state of ", s.owner,
            " has an amax history of ", n, " steps, the values to load have ",
            values.amax_history.size(), "; load a checkpoint made with the same amax_history_len");
-  // In place: quantizers hold these pointers.
-  if (s.c.device.type == QR_DEVICE_CPU) {
-    std::copy(values.amax_history.begin(), values.amax_history.end(), s.c.amax_history);
-    *s.c.scale = values.scale;
-    *s.c.scale_inv = values.scale_inv;
-  } else {
-    copy_to_device(s.c.amax_history, values.amax_history.data(), n * sizeof(float));
-    copy_to_device(s.c.scale, &values.scale, sizeof(float));
-    copy_to_device(s.c.scale_inv, &values.scale_inv, sizeof(float));
-  }
+  write_values(s, values);
+  // The other members of a shared state take the same history and scale, and a row 0 of 0, so
+  // the group's row 0 (their max) is the loaded one whichever members are loaded.
+  ScalingValues others = values;
+  others.amax_history[0] = 0.0f;
+  for (std::size_t member : group_of(index))
+    if (member != index) write_values(*states_[member], others);
 }
 
 void Engine::update_scaling() { update_scaling_on_streams({}); }
@@ -176,19 +254,56 @@ void Engine::update_scaling_of(const std::vector<std::size_t>& indices) {
   for (std::size_t i : indices)
     QR_CHECK(i < states_.size(), "scaling state ", i, " does not exist; this engine has ",
              states_.size());
-  update_states(indices, {}, {});
+  update_states(with_groups(indices), {}, {});  // a shared state updates as one
 }
 
 void Engine::update_states(const std::vector<std::size_t>& indices,
                            const std::vector<float>& reduced_amaxes, const StreamFor& stream_for) {
   // CPU states update in place; CUDA states are grouped by device and each group is updated
   // by one kernel launch (the same delayed_scaling_update, on the device).
-  const bool own_row0 = reduced_amaxes.empty();
+  //
+  // A shared state (share groups, acquire_scaling_state) updates as one: every member with the
+  // group's amax, the max over its members' row 0 (or their reduced amaxes), so all members
+  // keep the same history and scale. A group whose members all live on one CUDA device is
+  // reduced on that device, before the update (no host synchronization); a group with CPU
+  // members or members on several devices is reduced through the host.
+  std::vector<float> amaxes(indices.size(), 0.0f);
+  std::vector<char> explicit_amax(indices.size(), reduced_amaxes.empty() ? 0 : 1);
+  if (!reduced_amaxes.empty()) amaxes = reduced_amaxes;
+  std::map<int, std::vector<std::vector<float*>>> device_groups;  // device -> member row 0s
+  {
+    std::map<std::string, std::vector<std::size_t>> present;  // share name -> positions k
+    for (std::size_t k = 0; k < indices.size(); ++k)
+      if (auto it = group_name_.find(indices[k]); it != group_name_.end())
+        present[it->second].push_back(k);
+    for (const auto& [name, positions] : present) {
+      if (positions.size() < 2) continue;
+      const Device first = Device::from_c(states_[indices[positions.front()]]->c.device);
+      const bool on_one_device =
+          first.is_cuda() && reduced_amaxes.empty() &&
+          std::all_of(positions.begin(), positions.end(), [&](std::size_t k) {
+            return Device::from_c(states_[indices[k]]->c.device) == first;
+          });
+      if (on_one_device) {
+        auto& rows = device_groups[first.index].emplace_back();
+        for (std::size_t k : positions) rows.push_back(states_[indices[k]]->c.amax_history);
+        continue;
+      }
+      float group = 0.0f;
+      for (std::size_t k : positions)
+        group = std::fmax(group, reduced_amaxes.empty() ? row0_of(*states_[indices[k]])
+                                                        : reduced_amaxes[k]);
+      for (std::size_t k : positions) {
+        amaxes[k] = group;
+        explicit_amax[k] = 1;
+      }
+    }
+  }
   std::map<int, std::vector<detail::DeviceScalingUpdate>> on_device;
   for (std::size_t k = 0; k < indices.size(); ++k) {
     auto& s = *states_[indices[k]];
     if (s.c.device.type == QR_DEVICE_CPU) {
-      const float amax = own_row0 ? s.c.amax_history[0] : reduced_amaxes[k];
+      const float amax = explicit_amax[k] ? amaxes[k] : s.c.amax_history[0];
       delayed_scaling_update(s.c.amax_history, s.c.history_len, s.c.scale, s.c.scale_inv, amax,
                              s.request.algo_most_recent != 0, s.request.margin,
                              s.request.fp8_max);
@@ -197,17 +312,17 @@ void Engine::update_states(const std::vector<std::size_t>& indices,
     on_device[s.c.device.index].push_back(
         {s.c.amax_history, s.c.scale, s.c.scale_inv, s.c.history_len,
          s.request.algo_most_recent, s.request.margin, s.request.fp8_max,
-         own_row0 ? 0.0f : reduced_amaxes[k], own_row0 ? 1 : 0});
+         explicit_amax[k] ? amaxes[k] : 0.0f, explicit_amax[k] ? 0 : 1});
   }
   // The device copy of a table is reused while the states stay put and the whole set updates
   // with its own row 0 (every training step); anything else uploads a fresh table.
-  const bool reusable = own_row0 && indices.size() == states_.size();
+  const bool reusable = reduced_amaxes.empty() && indices.size() == states_.size();
   for (const auto& [device, updates] : on_device) {
 #if defined(QRECIPE_WITH_CUDA)
     auto& table = device_tables_[device];
     if (!table) table = std::make_shared<detail::DeviceScalingTable>(device);
     void* stream = stream_for ? stream_for(device) : nullptr;
-    table->run(updates, reusable ? states_version_ : 0, stream);
+    table->run(updates, device_groups[device], reusable ? states_version_ : 0, stream);
 #else
     (void)reusable, (void)stream_for;  // used by the CUDA build only
     QR_THROW_CODE(QR_STATUS_UNSUPPORTED, updates.size(), " delayed-scaling state(s) on cuda:",

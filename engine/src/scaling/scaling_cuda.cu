@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstring>
+
 #include "qrecipe/error.hpp"
 #include "qrecipe/scaling.hpp"
 #include "cuda_device_guard.hpp"
@@ -55,6 +57,27 @@ __global__ void update_kernel(const DeviceScalingUpdate* updates, int staged_len
 }
 
 
+// One thread per shared state: the max of its members' row 0 (what one shared row 0 would
+// have accumulated) written back into each member's row 0. fmaxf ignores NaN, as the
+// accumulation does.
+__global__ void share_max_kernel(float* const* rows, const int* offsets, int groups) {
+  const int g = blockIdx.x * blockDim.x + threadIdx.x;
+  if (g >= groups) return;
+  float amax = 0.0f;
+  for (int j = offsets[g]; j < offsets[g + 1]; ++j) amax = fmaxf(amax, rows[j][0]);
+  for (int j = offsets[g]; j < offsets[g + 1]; ++j) rows[j][0] = amax;
+}
+
+// Bytes of the device table: updates | member row pointers | offsets (groups + 1 ints).
+struct TableLayout {
+  std::size_t rows_at, offsets_at, bytes;
+  TableLayout(std::size_t updates, std::size_t members, std::size_t groups) {
+    rows_at = updates * sizeof(DeviceScalingUpdate);
+    offsets_at = rows_at + members * sizeof(float*);
+    bytes = offsets_at + (groups + 1) * sizeof(int);
+  }
+};
+
 }  // namespace
 
 DeviceScalingTable::~DeviceScalingTable() {
@@ -67,38 +90,63 @@ DeviceScalingTable::~DeviceScalingTable() {
 }
 
 void DeviceScalingTable::run(const std::vector<DeviceScalingUpdate>& updates,
+                             const std::vector<std::vector<float*>>& share_groups,
                              std::uint64_t version, void* stream) {
   const std::size_t n = updates.size();
   if (n == 0) return;
   DeviceGuard on(device_, "updating delayed-scaling states");
   const auto s = static_cast<cudaStream_t>(stream);
-  if (!uploaded_ || version == 0 || version != version_ || n != count_) {
+  if (!uploaded_ || version == 0 || version != version_ || n != count_ ||
+      share_groups.size() != groups_) {
     // A launch of an earlier call on another stream may still read the old table.
     if (uploaded_ && last_stream_ != stream)
       check(cudaStreamSynchronize(static_cast<cudaStream_t>(last_stream_)),
             "cudaStreamSynchronize (previous update)", device_, n);
-    if (n > capacity_) {
+    // The host image of the table, in the layout TableLayout describes.
+    std::vector<float*> rows;
+    std::vector<int> offsets{0};
+    for (const auto& group : share_groups) {
+      rows.insert(rows.end(), group.begin(), group.end());
+      offsets.push_back(static_cast<int>(rows.size()));
+    }
+    const TableLayout layout(n, rows.size(), share_groups.size());
+    std::vector<unsigned char> image(layout.bytes);
+    std::memcpy(image.data(), updates.data(), n * sizeof(DeviceScalingUpdate));
+    if (!rows.empty()) std::memcpy(image.data() + layout.rows_at, rows.data(), rows.size() * sizeof(float*));
+    std::memcpy(image.data() + layout.offsets_at, offsets.data(), offsets.size() * sizeof(int));
+    if (layout.bytes > capacity_) {
       if (table_ != nullptr) check(cudaFree(table_), "cudaFree (update table)", device_, n);
       table_ = nullptr;
       capacity_ = 0;
       uploaded_ = false;
-      check(cudaMalloc(&table_, n * sizeof(DeviceScalingUpdate)), "cudaMalloc (update table)",
-            device_, n);
-      capacity_ = n;
+      check(cudaMalloc(&table_, layout.bytes), "cudaMalloc (update table)", device_, n);
+      capacity_ = layout.bytes;
     }
-    // From pageable memory: the call returns once the host table has been staged, so the
-    // vector may go away; the copy is ordered before the launch on the same stream.
-    check(cudaMemcpyAsync(table_, updates.data(), n * sizeof(DeviceScalingUpdate),
-                          cudaMemcpyHostToDevice, s),
+    // From pageable memory: the call returns once the host image has been staged, so the
+    // vector may go away; the copy is ordered before the launches on the same stream.
+    check(cudaMemcpyAsync(table_, image.data(), layout.bytes, cudaMemcpyHostToDevice, s),
           "cudaMemcpyAsync (update table)", device_, n);
     count_ = n;
+    groups_ = share_groups.size();
+    members_ = rows.size();
     version_ = version;
     uploaded_ = true;
+  }
+  auto* bytes = static_cast<unsigned char*>(table_);
+  const TableLayout layout(count_, members_, groups_);
+  if (groups_ > 0) {
+    constexpr int kGroupThreads = 128;
+    const auto blocks = static_cast<unsigned>((groups_ + kGroupThreads - 1) / kGroupThreads);
+    share_max_kernel<<<blocks, kGroupThreads, 0, s>>>(
+        reinterpret_cast<float* const*>(bytes + layout.rows_at),
+        reinterpret_cast<const int*>(bytes + layout.offsets_at), static_cast<int>(groups_));
+    check(cudaGetLastError(), "shared-state amax kernel launch", device_, n);
   }
   int staged = 0;  // the longest history that fits the staging area
   for (const auto& u : updates)
     if (u.length <= kMaxStagedHistory && u.length > staged) staged = u.length;
-  update_kernel<<<static_cast<unsigned>(n), kThreads, staged * sizeof(float), s>>>(table_, staged);
+  update_kernel<<<static_cast<unsigned>(n), kThreads, staged * sizeof(float), s>>>(
+      reinterpret_cast<const DeviceScalingUpdate*>(bytes), staged);
   last_stream_ = stream;
   check(cudaGetLastError(), "delayed-scaling update kernel launch", device_, n);
 }

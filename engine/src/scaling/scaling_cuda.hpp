@@ -33,16 +33,23 @@ class DeviceScalingTable {
   DeviceScalingTable& operator=(const DeviceScalingTable&) = delete;
 
   // Runs the update of `updates` on `stream` (cudaStream_t; nullptr: legacy default stream).
-  // `version` identifies the table's contents: equal to the last call's, the device copy is
-  // reused as is (the caller guarantees `updates` is then the same table); 0 always uploads. Throws
-  // qrecipe::Error naming the failing CUDA call.
-  void run(const std::vector<DeviceScalingUpdate>& updates, std::uint64_t version, void* stream);
+  // `share_groups`: the history pointers of the members of each shared state whose members all
+  // live on this device (Engine::acquire_scaling_state); before the update, one launch writes
+  // each group's max row 0 into every member's row 0, so the members (which take their amax
+  // from history[0]) update as one state. `version` identifies the contents of both tables:
+  // equal to the last call's, the device copy is reused as is (the caller guarantees the tables
+  // are then the same); 0 always uploads. Throws qrecipe::Error naming the failing CUDA call.
+  void run(const std::vector<DeviceScalingUpdate>& updates,
+           const std::vector<std::vector<float*>>& share_groups, std::uint64_t version,
+           void* stream);
 
  private:
   int device_;
-  DeviceScalingUpdate* table_ = nullptr;
-  std::size_t capacity_ = 0;
+  // One allocation: the updates, then the groups' member row pointers, then their offsets.
+  void* table_ = nullptr;
+  std::size_t capacity_ = 0;  // bytes
   std::size_t count_ = 0;
+  std::size_t groups_ = 0, members_ = 0;
   std::uint64_t version_ = 0;
   bool uploaded_ = false;
   void* last_stream_ = nullptr;
