@@ -37,7 +37,7 @@ void bind_recipe(py::module_& m) {
       }, py::arg("module_type"), py::arg("tensor_type"), py::arg("name") = "")
       .def("rules", [](const Recipe& r) {
         std::vector<std::pair<std::string, std::string>> out;
-        for (const auto& rule : r.rules()) out.emplace_back(rule.match.str(), rule.quantizer.str());
+        for (const auto& rule : r.rules()) out.emplace_back(rule.match.str(), rule.decision_str());
         out.emplace_back("defaults", r.defaults().str());
         return out;
       });

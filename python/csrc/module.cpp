@@ -12,6 +12,8 @@
 //                      buffers), grouped quantization
 //   bind_gemm.cpp      gemm / gemm_many: the engine GEMM into a torch tensor; the benchmarks'
 //                      raw cuBLASLt GEMM (raw_gemm.cpp)
+//   bind_factories.cpp recipes in Python: the engine's factory resolver, recipes made from a
+//                      factory, module-type families, role origins, coverage warnings
 //
 // The Python package adds the torch-facing behaviour (autograd, modules, autocast); the
 // bindings only translate types, so every numeric decision stays in the engine and the plugins.
@@ -48,4 +50,5 @@ PYBIND11_MODULE(_C, m) {
   qp::bind_engine(m);
   qp::bind_quantize(m);
   qp::bind_gemm(m);
+  qp::bind_factories(m);
 }

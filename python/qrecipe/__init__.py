@@ -14,8 +14,12 @@ and the layers below it, never upwards, and there are no import cycles
     _engine          loads the compiled extension _C with a clear error
     quantization     Quantizer, QuantizedTensor (inspection of bytes and scales), the usage bits
     scaling_state    delayed-scaling states in checkpoints; drop_scaling_states()
-    recipe           Recipe: load / validate a recipe; owns its engine and scaling state and
-                     knows whether its scaling update is pending; quantize() beside it
+    roles            QuantizerRole: what a recipe factory receives; the roles of a model
+    formats          quantizer specs built in Python (float8(), mxfp8(), delayed(), ...)
+    factories        calling recipe factories for the engine (errors name factory and role)
+    recipe           Recipe: load / validate a recipe (YAML, dict or a Python factory); owns
+                     its engine and scaling state and knows whether its scaling update is
+                     pending; check(model), explain(model); quantize() beside it
     autocasting      autocast: the active recipe and the once-per-step scaling update
     quantized_param  QuantizedWeight and quantized_model_init (parameters stored quantized)
     checkpointing    checkpoint(): activation checkpointing whose recomputation replays the
@@ -36,7 +40,9 @@ from .autocasting import autocast, current_recipe, is_enabled
 from .checkpointing import checkpoint
 from .convert import convert
 from .quantization import QuantizedTensor, Quantizer
-from .recipe import Recipe, quantize
+from .recipe import Recipe, RecipeWarning, quantize
+from .roles import QuantizerRole
+from . import formats
 from . import nn
 from .scaling_state import drop_scaling_states
 from .quantized_param import QuantizedWeight, quantized_model_init
@@ -53,7 +59,8 @@ def plugins():
 
 __all__ = [
     "checkpoint",
-    "QrecipeError", "RecipeError", "Recipe", "autocast", "current_recipe", "is_enabled",
+    "QrecipeError", "RecipeError", "Recipe", "RecipeWarning", "QuantizerRole", "formats",
+    "autocast", "current_recipe", "is_enabled",
     "convert", "quantize", "QuantizedTensor", "Quantizer", "nn", "plugins", "__version__",
     "drop_scaling_states", "QuantizedWeight", "QuantizedParameter", "quantized_model_init",
 ]

@@ -12,25 +12,63 @@ so reuse one Recipe object across training steps.
 Whether a recipe's scaling update is due (its modules quantized since its last update) is kept
 per thread, like the autocast state that runs the update (autocasting.py): a recipe marked in
 one thread is updated by the next outermost ``autocast`` entry of that thread.
+
+Recipes in Python: :meth:`Recipe.from_factory` makes a recipe of a function of a
+``QuantizerRole`` (factories.py), and a YAML rule may delegate its roles to one (``factory:
+package.module:function``); the engine calls the factory once per role through the resolver
+installed on the recipe's engine.
 """
 from __future__ import annotations
 
 import json
 import os
 import threading
+import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
+from . import factories as _factories
 from ._engine import _C
 from .quantization import QuantizedTensor, Quantizer, Usage, check_source
+from .roles import TENSOR_TYPES, model_gemms, resolving
 from .scaling_state import state_from_checkpoint, state_to_checkpoint
+
+
+# Where Recipe.of_factory keeps a factory's recipe (on the function, or on a method's object).
+_FACTORY_RECIPE = "__qrecipe_recipe__"
+_seen_factory_code: Dict[Any, str] = {}
+
+
+def _warn_if_remade(factory: Callable) -> None:
+    """A second function made from the same code (a lambda written inside the training loop)
+    would silently be a fresh recipe each step: say so, once per code object."""
+    code = getattr(getattr(factory, "__func__", factory), "__code__", None)
+    if code is None:
+        return
+    state = _seen_factory_code.get(code)
+    if state is None:
+        _seen_factory_code[code] = "seen"
+    elif state == "seen":
+        _seen_factory_code[code] = "warned"
+        warnings.warn(
+            f"qrecipe.autocast got a new factory function made from the same code as an earlier "
+            f"one ({code.co_filename}:{code.co_firstlineno}); each new function is a new recipe, "
+            "so the factory runs again for every role and delayed scaling starts over. Define "
+            "the factory once, outside the training loop (or pass one Recipe.from_factory)",
+            RecipeWarning, stacklevel=4)
+
+
+class RecipeWarning(UserWarning):
+    """What ``Recipe.check(model)`` finds about a valid recipe applied to a model: a rule that
+    matches no module, a module a rule nearly covers but leaves in high precision."""
+
 
 # Not resolve(): in the build tree the .py files are symlinks, the recipes sit beside them.
 _RECIPES_DIR = Path(os.path.abspath(__file__)).parent / "recipes"
 
-RecipeLike = Union["Recipe", str, "os.PathLike[str]", dict, None]
+RecipeLike = Union["Recipe", str, "os.PathLike[str]", dict, Callable, None]
 
 
 class _PendingUpdates(threading.local):
@@ -48,13 +86,18 @@ class Recipe:
     _default: Optional["Recipe"] = None
     _pending = _PendingUpdates()
 
-    def __init__(self, cpp: "_C.Recipe", *, validate: bool = True):
+    def __init__(self, cpp: "_C.Recipe", *, validate: bool = True,
+                 factories: Optional[Dict[str, Callable]] = None):
         if not isinstance(cpp, _C.Recipe):
-            raise TypeError("use Recipe.load(path), Recipe.from_dict(d) or Recipe.default()")
+            raise TypeError("use Recipe.load(path), Recipe.from_dict(d), "
+                            "Recipe.from_factory(fn) or Recipe.default()")
         if validate:
             cpp.validate()  # raises RecipeError "file:line:col: ..." naming the first problem
         self._cpp = cpp
         self._engine: Optional[_C.Engine] = None
+        # The factories its rules delegate to: given ones by reference, YAML ones imported.
+        self._factory_table = _factories.FactoryTable(factories or {})
+        self._delegates = bool(_C.recipe_factories(cpp))
         # Counts the changes of the delayed scales (updates, loads): a weight quantized and
         # kept under one value is stale under the next (nn/weight_cache.py).
         self.scaling_generation = 0
@@ -88,6 +131,42 @@ class Recipe:
         return cls.from_yaml(text, source_name, validate=validate)
 
     @classmethod
+    def from_factory(cls, factory: Callable, name: Optional[str] = None) -> "Recipe":
+        """A recipe decided by a Python function, as TransformerEngine's
+        ``CustomRecipe(qfactory=...)``: ``factory(role)`` gets a :class:`qrecipe.QuantizerRole`
+        and returns a spec from ``qrecipe.formats``, a spec dict, or None (high precision).
+        It runs once per role, when the role is first resolved, and its answer is validated
+        like a YAML recipe's (errors name the factory, its file:line, and the role)."""
+        if not callable(factory):
+            raise TypeError(f"Recipe.from_factory takes a function of a QuantizerRole, got "
+                            f"{type(factory).__name__}")
+        reference = _factories.display_name(factory)
+        cpp = _C.recipe_from_factory(reference, name or reference, f"<factory {reference}>")
+        return cls(cpp, factories={reference: factory})
+
+    @classmethod
+    def of_factory(cls, factory: Callable) -> "Recipe":
+        """The one Recipe ``qrecipe.autocast(factory)`` uses for `factory`: made on first use
+        and kept on the function (or, for a bound method, on its object), so the factory runs
+        once per role and delayed scaling persists across steps, and both go away together.
+        Define the factory once, outside the training loop: a new function is a new recipe."""
+        owner, slot = factory, _FACTORY_RECIPE
+        if hasattr(factory, "__self__") and hasattr(factory, "__func__"):
+            # A bound method is a new object at each attribute access: keep it on the object.
+            owner, slot = factory.__self__, f"{_FACTORY_RECIPE}{factory.__func__.__name__}"
+        cached = getattr(owner, "__dict__", {}).get(slot)
+        if cached is not None:
+            return cached
+        if not hasattr(owner, "__dict__"):
+            raise TypeError(f"qrecipe.autocast({type(factory).__name__} object): cannot keep "
+                            "its recipe on it; make the recipe once, recipe = "
+                            "qrecipe.Recipe.from_factory(factory), and pass that")
+        _warn_if_remade(factory)
+        recipe = cls.from_factory(factory)
+        owner.__dict__[slot] = recipe
+        return recipe
+
+    @classmethod
     def builtin(cls, name: str) -> "Recipe":
         """One of the recipes shipped with qrecipe, by file name: ``Recipe.builtin("mxfp8")``."""
         path = _RECIPES_DIR / f"{name}.yaml"
@@ -117,24 +196,81 @@ class Recipe:
     def source(self) -> str:
         return self._cpp.source
 
-    def check(self) -> List[str]:
-        """Every validation problem against the loaded plugins (empty: valid)."""
-        return list(self._cpp.check())
+    @property
+    def delegates(self) -> bool:
+        """Whether some of its roles are decided by a Python factory."""
+        return self._delegates
+
+    def check(self, model: Optional[torch.nn.Module] = None) -> List[str]:
+        """Every validation problem against the loaded plugins (empty: valid). With `model`,
+        also what the recipe does to the model's modules that its author may not mean, each
+        issued as a :class:`RecipeWarning` too: a rule that matches none of the model's roles
+        (or never decides one), and a module left in high precision while a quantizing rule
+        would cover it but for its module_type or its name."""
+        problems = list(self._cpp.check())
+        if model is None:
+            return problems
+        roles = [(g.module_type, t, g.name) for g in model_gemms(model) for t in TENSOR_TYPES]
+        findings = list(_C.recipe_coverage(self._cpp, roles))
+        for finding in findings:
+            warnings.warn(f"recipe '{self.name}': {finding}", RecipeWarning, stacklevel=2)
+        return problems + findings
 
     def resolve(self, module_type: str, tensor_type: str, name: str = "") -> str:
-        """The quantizer spec a role gets, as a string (``"none"`` keeps high precision)."""
+        """The quantizer spec a role gets, as a string (``"none"`` keeps high precision). A
+        role a factory decides is resolved through the engine (running the factory)."""
+        if self._delegates:
+            q = self.engine.resolve(module_type, tensor_type, name)
+            return "none" if q is None else q.spec
         return self._cpp.resolve(module_type, tensor_type, name)
 
+    def origin(self, module_type: str, tensor_type: str, name: str = "") -> str:
+        """Where the role's spec comes from: ``rules[2] (file:7:5)``, ``defaults (...)``, or a
+        factory (``factory 'mod.fn' (mod.py:12)``, after the rule that delegates to it)."""
+        return _C.engine_origin(self.engine, module_type, tensor_type, name)
+
     def rules(self) -> List[Tuple[str, str]]:
-        """(match, quantizer) pairs in order, then ("defaults", spec)."""
+        """(match, quantizer) pairs in order (``factory package.module:function`` for a rule
+        that delegates), then ("defaults", spec)."""
         return list(self._cpp.rules())
+
+    def explain(self, model: torch.nn.Module) -> str:
+        """For every GEMM of `model` (qrecipe modules, and plain torch.nn.Linear layers as
+        ``qrecipe.convert`` would make them): what each of its three roles gets and where from
+        (a rule, the defaults, or a factory), then how each GEMM runs on the CPU."""
+        lines = [f"recipe '{self.name}' ({self.source})"]
+        for g in model_gemms(model):
+            plan = self.plan_linear(g.module_type, g.name, g.in_features, g.out_features, 1,
+                                    dtype=g.dtype)
+            lines.append(f"{g.module_type} {g.name or '<unnamed>'} "
+                         f"[{g.in_features} -> {g.out_features}]:")
+            for tensor_type in TENSOR_TYPES:
+                q = plan[tensor_type]
+                what = "none (high precision)" if q is None else q.describe()
+                lines.append(f"  {tensor_type}: {what}  <- "
+                             f"{self.origin(g.module_type, tensor_type, g.name)}")
+            for kind in ("fprop", "dgrad", "wgrad"):
+                lines.append(f"  {kind}: {plan[kind]}")
+        return "\n".join(lines)
 
     # ---------------------------------------------------------------- engine
     @property
     def engine(self) -> "_C.Engine":
         if self._engine is None:
-            self._engine = _C.Engine(self._cpp)
+            engine = _C.Engine(self._cpp)
+            if self._delegates:
+                _C.set_factory_resolver(engine, _factories.resolver_for(self))
+            self._engine = engine
         return self._engine
+
+    def plan_linear(self, module_type: str, name: str, in_features: int, out_features: int,
+                    tokens: int, target: str = "cpu", dtype: Optional[torch.dtype] = None):
+        """``engine.plan_linear`` (the quantizers of a linear layer's three roles and how its
+        GEMMs run), with the layer's features and dtype passed on to any factory that decides
+        one of the roles (``QuantizerRole.shape`` / ``dtype``)."""
+        with resolving(in_features, out_features, dtype):
+            return self.engine.plan_linear(module_type, name, in_features, out_features, tokens,
+                                           target)
 
     def quantizer(self, module_type: str, tensor_type: str, name: str = ""):
         """The quantizer this recipe gives a role (None for format none)."""
@@ -207,7 +343,8 @@ class Recipe:
 
 
 def as_recipe(recipe: RecipeLike) -> Recipe:
-    """A Recipe from a Recipe, a YAML path, a dict, or None (the default recipe)."""
+    """A Recipe from a Recipe, a YAML path, a dict, a factory (a function of a
+    QuantizerRole: the one Recipe.of_factory keeps for it), or None (the default recipe)."""
     if recipe is None:
         return Recipe.default()
     if isinstance(recipe, Recipe):
@@ -216,8 +353,10 @@ def as_recipe(recipe: RecipeLike) -> Recipe:
         return Recipe.from_dict(recipe)
     if isinstance(recipe, (str, os.PathLike)):
         return Recipe.load(recipe)
-    raise TypeError(f"recipe must be a qrecipe.Recipe, a path to a YAML file, a dict or None, "
-                    f"got {type(recipe).__name__}")
+    if callable(recipe):
+        return Recipe.of_factory(recipe)
+    raise TypeError(f"recipe must be a qrecipe.Recipe, a path to a YAML file, a dict, a factory "
+                    f"function of a QuantizerRole or None, got {type(recipe).__name__}")
 
 
 def quantize(tensor: torch.Tensor, format: str, *, usage: Usage = ("rowwise", "columnwise"),

@@ -203,20 +203,27 @@ def test_meta_device_and_dtype_arguments():
 
 
 # ------------------------------------------------------------------ roles
-def test_module_types_are_their_own():
-    # A rule on module_type linear does not reach these modules, and a rule on
-    # layernorm_linear reaches only them.
+def test_module_types_belong_to_the_linear_family():
+    # A rule on module_type linear reaches every linear-like module (TransformerEngine's
+    # naming), a rule on one specific type reaches only that type.
     only_linear = qrecipe.Recipe.from_dict({
         "version": 1, "name": "linear-only", "defaults": {"format": "none"},
         "rules": [{"match": {"module_type": "linear"}, "quantizer": {"format": "float8"}}]})
+    _, ours = lnlinear_pair()
+    assert ours.roles(only_linear).weight.format == "float8"
+    mlp = qrecipe.nn.LayerNormMLP(32, 64, name="m")
+    assert all(r.weight.format == "float8" for r in mlp.resolve_roles(only_linear).values())
+    g = qrecipe.nn.GroupedLinear(2, 32, 16, name="g")
+    assert g.roles(only_linear).weight.format == "float8"
+    only_mlp = qrecipe.Recipe.from_dict({
+        "version": 1, "name": "mlp-only", "defaults": {"format": "none"},
+        "rules": [{"match": {"module_type": "layernorm_mlp"}, "quantizer": {"format": "float8"}}]})
     ref, ours = lnlinear_pair()
     x, dy = torch.randn(TOKENS, 32), torch.randn(TOKENS, 48)
-    assert_all_equal(run(ours, x, dy, recipe=only_linear), run(ref, x, dy, enabled=False))
-    assert ours.roles(only_linear).all_none
-    mlp = qrecipe.nn.LayerNormMLP(32, 64, name="m")
-    assert all(r.all_none for r in mlp.resolve_roles(only_linear).values())
-    g = qrecipe.nn.GroupedLinear(2, 32, 16, name="g")
-    assert g.roles(only_linear).all_none
+    assert_all_equal(run(ours, x, dy, recipe=only_mlp), run(ref, x, dy, enabled=False))
+    assert ours.roles(only_mlp).all_none
+    assert g.roles(only_mlp).all_none
+    assert all(r.weight.format == "float8" for r in mlp.resolve_roles(only_mlp).values())
 
 
 def test_layernorm_linear_quantizes_the_norm_output_with_its_input_role():
@@ -302,12 +309,11 @@ def test_every_shipped_recipe_within_tolerance(name, module):
     got = run(ours, x, dy, recipe)
     want = run(reference, x.float(), dy.float(), enabled=False)
     errors = [rel(g, w) for g, w in zip(got, want)]
-    if quantized_under(recipe, module, names):
-        assert max(errors) <= TOLERANCE[name], f"{name}: {errors}"
-        assert errors[0] > 0.0  # quantization happened
-    else:
-        # hybrid_seed's rules name module_type linear only: these modules stay exact.
-        assert_all_equal(got, run(ours, x, dy, enabled=False))
+    # Every shipped recipe quantizes these modules (hybrid_seed's `module_type: linear` rules
+    # cover every linear-like module type).
+    assert quantized_under(recipe, module, names)
+    assert max(errors) <= TOLERANCE[name], f"{name}: {errors}"
+    assert errors[0] > 0.0  # quantization happened
 
 
 # ------------------------------------------------------------------ convert

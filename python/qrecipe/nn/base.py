@@ -113,13 +113,14 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
         cached = per_recipe.get(gemm)
         if cached is not None and cached.plan["name"] == name:
             return cached
-        plan = dict(recipe.engine.plan_linear(self.MODULE_TYPE, name, in_features,
-                                              out_features, max(1, tokens)))
+        dtype = self._parameter_dtype()  # what a recipe factory sees as QuantizerRole.dtype
+        plan = dict(recipe.plan_linear(self.MODULE_TYPE, name, in_features, out_features,
+                                       max(1, tokens), dtype=dtype))
         # Which GEMMs the quantizers' pairing runs natively on a GPU (the CUDA path plans for
         # sm90), for a token count the native GEMMs accept: the backward's stream decision.
         gpu_tokens = -(-max(1, tokens) // 128) * 128
-        gpu = recipe.engine.plan_linear(self.MODULE_TYPE, name, in_features, out_features,
-                                        gpu_tokens, "sm90")
+        gpu = recipe.plan_linear(self.MODULE_TYPE, name, in_features, out_features, gpu_tokens,
+                                 "sm90", dtype=dtype)
         native_on_gpu = frozenset(k for k in _GEMM_KINDS if gpu[k].path == _C.GemmPath.native)
         roles = LinearRoles(input=plan.pop("input"), weight=plan.pop("weight"),
                             grad_output=plan.pop("grad_output"),
@@ -130,8 +131,37 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
 
     def resolve_roles(self, recipe: Recipe) -> Dict[str, LinearRoles]:
         """The roles of every GEMM under `recipe` (``qrecipe.convert(model, recipe)`` calls
-        this so a recipe that cannot serve a module fails at conversion)."""
-        return {gemm: self.roles(recipe, gemm=gemm) for gemm in self.gemms()}
+        this so a recipe that cannot serve a module fails at conversion): resolved, planned,
+        and each quantizer tried once on a small tensor of the module's dtype and device, so
+        a format that cannot take them (NVFP4's Hadamard transform needs bf16) is refused
+        here with the format's own explanation rather than at the first step."""
+        roles = {gemm: self.roles(recipe, gemm=gemm) for gemm in self.gemms()}
+        p = next((p for p in self.parameters() if p.is_floating_point()), None)
+        if p is None or p.device.type == "meta":
+            return roles
+        probe = torch.zeros(32, 32, dtype=p.dtype, device=p.device)
+        for gemm, r in roles.items():
+            for tensor_type in _ROLE_TYPES:
+                q = getattr(r, tensor_type)
+                if q is None:
+                    continue
+                try:
+                    # Both directions, as training needs them; an explicit call offset leaves
+                    # a stochastic-rounding counter where it was.
+                    q.quantize(probe, 3, rng_offset=0)
+                except _C.QrecipeError as error:
+                    raise _C.QrecipeError(
+                        f"{self._who()}: recipe '{recipe.name}' cannot train this module in "
+                        f"{p.dtype} on {p.device}: its {tensor_type} role "
+                        f"({self.MODULE_TYPE}:{tensor_type}@{self.role_name(gemm)}) gets "
+                        f"{q.describe()}, which refuses a {p.dtype} tensor: {error}. Convert "
+                        f"the model to a dtype the format takes (model.to(torch.bfloat16)) "
+                        f"or use a recipe without that option") from None
+        return roles
+
+    def _parameter_dtype(self) -> Optional[torch.dtype]:
+        p = next((p for p in self.parameters() if p.is_floating_point()), None)
+        return None if p is None else p.dtype
 
     def explain(self, recipe=None) -> str:
         """Which quantizer each role of each GEMM gets and how each GEMM runs (on the CPU).
