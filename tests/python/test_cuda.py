@@ -218,3 +218,34 @@ def test_grouped_linear_on_cuda_matches_cpu(name, single):
     # Expert 1 has no rows: its weight gradient is exactly zero.
     empty_expert_grad = out[2][256:512] if single else out[4]  # [y, dx, w, b] / [y, dx, w0, b0, ..]
     assert torch.equal(empty_expert_grad.cpu(), torch.zeros(256, 256, dtype=torch.bfloat16))
+
+
+def test_shared_delayed_scaling_on_cuda_matches_cpu():
+    # Weights sharing one delayed-scaling state (`share: w`): on the GPU the group's amax is
+    # taken by a kernel before the update kernel; the states must end as on the CPU (the same
+    # weights on both devices, not updated, so every step's weight amaxes are equal).
+    yaml = ("version: 1\nname: shared\nrules:\n  - match: {tensor_type: weight}\n"
+            "    quantizer: {format: float8, scaling: delayed, amax_history_len: 4, share: w}\n"
+            "  - match: {}\n    quantizer: {format: float8}\n")
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(64, 64) for _ in range(3)]
+    layers[1].weight.data.mul_(3.0)  # a different amax per weight
+
+    def states(device):
+        recipe = qrecipe.Recipe.from_yaml(yaml, "<shared>")
+        model = qrecipe.convert(torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in layers]))
+        model.load_state_dict(torch.nn.Sequential(*layers).state_dict())
+        model.to(device)
+        for _ in range(3):
+            x = torch.randn(32, 64).to(device)
+            with qrecipe.autocast(recipe):
+                y = model(x)
+            y.sum().backward()
+        recipe.update_scaling()
+        return [{k: v for k, v in s.items() if k != "device"} for s in recipe.scaling_states()]
+
+    cpu, gpu = states("cpu"), states("cuda")
+    assert len(cpu) == 3 and gpu == cpu
+    assert all(s["scale"] == cpu[0]["scale"] and s["amax_history"] == cpu[0]["amax_history"]
+               for s in gpu)
+    assert cpu[0]["amax_history"][-1] == float(layers[1].weight.abs().max())
