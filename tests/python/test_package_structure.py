@@ -26,6 +26,7 @@ PACKAGE_DIR = REPO / "python" / "qrecipe"
 # Top-level modules, by layer. The ground floor talks to the extension; the top re-exports
 # and converts models, so it may import every layer.
 GROUND_FLOOR = {"qrecipe._engine", "qrecipe.quantization", "qrecipe.scaling_state",
+                "qrecipe.roles", "qrecipe.formats", "qrecipe.factories",
                 "qrecipe.recipe", "qrecipe.autocasting", "qrecipe.quantized_param",
                 "qrecipe.checkpointing"}
 TOP = {"qrecipe", "qrecipe.convert"}
