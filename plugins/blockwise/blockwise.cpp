@@ -35,8 +35,8 @@
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 #include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/plugin_sdk_checks.hpp"
 #include "qrecipe/plugin_sdk_tensor.hpp"
-#include "qrecipe/tensor.hpp"
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
 #include "blockwise_grouped_kernels.hpp"
 #include "blockwise_kernels.hpp"
@@ -46,14 +46,6 @@ namespace qrecipe::blockwise {
 namespace {
 
 constexpr const char* kFormat = "blockwise";
-
-const char* direction_name_of(qr_direction d) {
-  return d == QR_DIRECTION_ROWWISE ? "rowwise" : "columnwise";
-}
-
-std::uint32_t usage_bit_of(qr_direction d) {
-  return d == QR_DIRECTION_ROWWISE ? QR_USAGE_ROWWISE : QR_USAGE_COLUMNWISE;
-}
 
 const char* const kBlockChoices[] = {"1x128", "128x128"};
 
@@ -67,79 +59,13 @@ const qr_option_schema kSchema[] = {
                       "lower bound applied to every block amax before the scale is computed"),
 };
 
-#if defined(QRECIPE_PLUGIN_HAS_CUDA)
-constexpr bool kHasCuda = true;
-#else
-constexpr bool kHasCuda = false;
-#endif
-constexpr std::uint32_t kDevices = sdk::kBuiltDevices;
-
-using sdk::device_str;
-
-// The tensor that decides where a call runs: CPU -> the reference, CUDA -> the kernels (or
-// UNSUPPORTED in a build without them).
-void require_supported_device(const char* what, const qr_device& device) {
-  QR_CHECK_CODE(device.type != QR_DEVICE_CUDA || kHasCuda, QR_STATUS_UNSUPPORTED, "blockwise ",
-                what, " got a tensor on cuda:", device.index,
-                " but this blockwise plugin was built without CUDA kernels; rebuild with "
-                "-DQRECIPE_CUDA=ON, or quantize on the CPU (there is no silent CPU fallback)");
-  QR_CHECK_CODE(device.type == QR_DEVICE_CPU || device.type == QR_DEVICE_CUDA,
-                QR_STATUS_UNSUPPORTED, "blockwise ", what, ": unknown device type ",
-                device.type);
-}
-
-// Every other buffer of a call lives on the device of the tensor that decides it.
-void require_same_device(const char* what, const qr_device& device, const qr_device& expected) {
-  QR_CHECK(device.type == expected.type &&
-               (device.type == QR_DEVICE_CPU || device.index == expected.index),
-           "blockwise ", what, " is on ", device_str(device), " but the call runs on ",
-           device_str(expected), "; allocate it on the same device");
-}
-
-#if defined(QRECIPE_PLUGIN_HAS_CUDA)
-// The CUDA kernels read the source as contiguous row-major [rows, cols].
-void require_contiguous_cuda_source(const qr_tensor_view& src, const char* op) {
-  QR_CHECK_CODE(TensorView(src).is_contiguous(), QR_STATUS_UNSUPPORTED, "blockwise ", op,
-                ": the CUDA kernels need a contiguous source, got shape ",
-                TensorView(src).shape_str(), " with non-default strides; make it contiguous "
-                "first (tensor.contiguous())");
-}
-#endif
-
-bool same_layout(const qr_direction_layout& a, const qr_direction_layout& b) {
-  return a.data_dtype == b.data_dtype && a.data_shape[0] == b.data_shape[0] &&
-         a.data_shape[1] == b.data_shape[1] && a.data_transposed == b.data_transposed &&
-         a.scale_mode == b.scale_mode && a.scale_dtype == b.scale_dtype &&
-         a.scale_shape[0] == b.scale_shape[0] && a.scale_shape[1] == b.scale_shape[1] &&
-         a.scale_transposed == b.scale_transposed && a.block_rows == b.block_rows &&
-         a.block_cols == b.block_cols;
-}
-
-std::string layout_str(const qr_direction_layout& l) {
-  std::ostringstream os;
-  os << "block " << l.block_rows << "x" << l.block_cols << ", data [" << l.data_shape[0] << ", "
-     << l.data_shape[1] << "], scales [" << l.scale_shape[0] << ", " << l.scale_shape[1] << "]";
-  return os.str();
-}
-
-const qr_direction_data& direction_data(const qr_quantized_tensor& t, qr_direction d) {
-  return d == QR_DIRECTION_ROWWISE ? t.rowwise : t.columnwise;
-}
-
-// The logical 2-D shape of a view: [prod(leading dims), last dim]; 0-D is [1, 1].
-void logical_shape(const qr_tensor_view& v, std::int64_t& rows, std::int64_t& cols) {
-  rows = 1;
-  cols = v.ndim == 0 ? 1 : v.shape[v.ndim - 1];
-  for (int d = 0; d + 1 < v.ndim; ++d) rows *= v.shape[d];
-}
-
 // The block shape a stored direction was quantized with, from its layout.
 ref::BlockShape block_of(const qr_direction_layout& l, qr_direction d) {
   if (l.block_rows == ref::kBlock && l.block_cols == ref::kBlock) return ref::BlockShape::k128x128;
   const bool is_1x128 = d == QR_DIRECTION_ROWWISE
                             ? (l.block_rows == 1 && l.block_cols == ref::kBlock)
                             : (l.block_rows == ref::kBlock && l.block_cols == 1);
-  QR_CHECK(is_1x128, "blockwise ", direction_name_of(d), " data has block ", l.block_rows, "x",
+  QR_CHECK(is_1x128, "blockwise ", sdk::direction_str(d), " data has block ", l.block_rows, "x",
            l.block_cols, "; expected 1x128 (rowwise), 128x1 (columnwise) or 128x128");
   return ref::BlockShape::k1x128;
 }
@@ -174,13 +100,13 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
   }
 
   void compute_amax(const qr_tensor_view& src, void* stream, float amax_out[2]) override {
-    require_supported_device("compute_amax", src.device);
+    sdk::require_supported_device(src.device, kFormat, "compute_amax", "the source");
     float amax = 0.0f;
     if (src.device.type == QR_DEVICE_CUDA) {
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
-      require_contiguous_cuda_source(src, "compute_amax");
+      sdk::require_contiguous_source(src, kFormat, "compute_amax");
       amax = cuda::compute_amax_to_host(src.data, static_cast<qr_dtype>(src.dtype),
-                                        TensorView(src).numel(), src.device.index, stream);
+                                        sdk::numel(src), src.device.index, stream);
 #endif
     } else {
       (void)stream;
@@ -192,9 +118,8 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
 
   void quantize(const qr_tensor_view& src, const qr_quantize_args& args,
                 qr_quantized_tensor& dst) override {
-    require_supported_device("quantize", src.device);
-    std::int64_t rows = 0, cols = 0;
-    check_quantize_call(src, args, dst, rows, cols);
+    sdk::check_quantize_call(src, args, dst, kFormat, "quantize", *this);
+    const std::int64_t rows = dst.rows, cols = dst.cols;
     if (src.device.type == QR_DEVICE_CUDA) {
       quantize_cuda(src, args, dst, rows, cols);
       return;
@@ -203,8 +128,8 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
     const std::vector<float> x = ref::load_f32(src);
     const auto src_dtype = static_cast<qr_dtype>(src.dtype);
     for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
-      if (!(args.usage & usage_bit_of(d))) continue;
-      const qr_direction_data& dd = direction_data(dst, d);
+      if (!(args.usage & sdk::usage_of(d))) continue;
+      const qr_direction_data& dd = sdk::direction_data(dst, d);
       ref::quantize(x, rows, cols, params_, src_dtype, d, static_cast<std::uint8_t*>(dd.data.data),
                     static_cast<float*>(dd.scale_inv.data));
     }
@@ -217,21 +142,21 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
   // (blockwise_grouped_kernels.cu; blockwise has no tensor-level quantity).
   void quantize_grouped(const qr_tensor_view& src, std::span<const std::int64_t> group_rows,
                         const qr_quantize_args& args, std::span<qr_quantized_tensor* const> dst) {
-    require_supported_device("quantize_grouped", src.device);
+    sdk::require_supported_device(src.device, kFormat, "quantize_grouped", "the source");
     if (src.device.type != QR_DEVICE_CUDA) {
       sdk::quantize_each_group(*this, src, group_rows, args, dst);
       return;
     }
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
-    require_contiguous_cuda_source(src, "quantize_grouped");
+    sdk::require_contiguous_source(src, kFormat, "quantize_grouped");
     std::vector<cuda::QuantizeArgs> groups;
     groups.reserve(dst.size());
     sdk::for_each_group(src, group_rows, dst,
                         [&](const qr_tensor_view& group, qr_quantized_tensor& out) {
-                          std::int64_t rows = 0, cols = 0;
-                          check_quantize_call(group, args, out, rows, cols);
-                          groups.push_back(
-                              cuda_args(group, args, out, rows, cols, "quantize_grouped"));
+                          sdk::check_quantize_call(group, args, out, kFormat, "quantize_grouped",
+                                                   *this);
+                          groups.push_back(cuda_args(group, args, out, out.rows, out.cols,
+                                                     "quantize_grouped"));
                         });
     cuda::quantize_grouped(groups);
 #endif
@@ -239,28 +164,14 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
 
   void dequantize(const qr_quantized_tensor& src, qr_direction direction,
                   const qr_tensor_view& dst, void* stream) override {
-    QR_CHECK(src.usage & usage_bit_of(direction), "blockwise dequantize: the tensor has no ",
-             direction_name_of(direction), " data; quantize with that usage");
-    const qr_direction_data& dd = direction_data(src, direction);
-    require_supported_device("dequantize (destination)", dst.device);
-    require_same_device("dequantize: the quantized data", dd.data.device, dst.device);
-    require_same_device("dequantize: the scale_inv", dd.scale_inv.device, dst.device);
+    const qr_direction_data& dd = sdk::check_dequantize_call(src, direction, dst, kFormat);
     // Decode with the block shape the tensor was made with (it may come from another
     // blockwise quantizer, e.g. an FSDP gather), after checking its buffers agree with it.
     const ref::BlockShape block = block_of(dd.layout, direction);
     const qr_direction_layout expected = ref::layout(src.rows, src.cols, block, direction);
-    QR_CHECK(same_layout(dd.layout, expected), "blockwise dequantize: the ",
-             direction_name_of(direction), " layout of this ", src.rows, "x", src.cols,
-             " tensor is (", layout_str(dd.layout), ") but blockwise ",
-             ref::block_shape_name(block), " needs (", layout_str(expected), ")");
-    std::int64_t rows = 0, cols = 0;
-    logical_shape(dst, rows, cols);
-    QR_CHECK(rows == src.rows && cols == src.cols, "blockwise dequantize: destination is ", rows,
-             "x", cols, " but the tensor is ", src.rows, "x", src.cols);
-    check_contiguous(dst, "dequantize destination");
+    sdk::check_stored(dd, expected, direction, dst.device, kFormat);
+    const std::int64_t rows = src.rows, cols = src.cols;
     if (rows == 0 || cols == 0) return;
-    QR_CHECK(dd.data.data && dd.scale_inv.data && dst.data,
-             "blockwise dequantize: a data, scale_inv or destination pointer is null");
     if (dst.device.type == QR_DEVICE_CUDA) {
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
       cuda::DequantizeArgs a;
@@ -298,57 +209,6 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
   }
 
  private:
-  static void check_contiguous(const qr_tensor_view& v, const char* what) {
-    std::int64_t expected = 1;
-    for (int d = v.ndim - 1; d >= 0; --d) {
-      QR_CHECK(v.shape[d] == 1 || v.strides[d] == expected, "blockwise ", what,
-               " must be contiguous (row-major); dimension ", d, " has stride ", v.strides[d],
-               ", expected ", expected);
-      expected *= v.shape[d];
-    }
-  }
-
-  // The destination of one direction must be what layout() describes for this quantizer:
-  // a tensor made by a quantizer with another block shape cannot be requantized in place.
-  void check_destination(const qr_direction_data& dd, std::int64_t rows, std::int64_t cols,
-                         qr_direction d, const qr_device& device) const {
-    const qr_direction_layout expected = layout(rows, cols, d);
-    QR_CHECK(same_layout(dd.layout, expected), "blockwise quantize: the ", direction_name_of(d),
-             " destination has (", layout_str(dd.layout), ") but this quantizer (block ",
-             ref::block_shape_name(params_.block), ") writes (", layout_str(expected),
-             "); allocate the destination from this quantizer's layout");
-    require_same_device("quantize: the destination data", dd.data.device, device);
-    require_same_device("quantize: the destination scale_inv", dd.scale_inv.device, device);
-    const std::int64_t data_bytes = expected.data_shape[0] * expected.data_shape[1];
-    QR_CHECK(data_bytes == 0 || (dd.data.data != nullptr && dd.scale_inv.data != nullptr),
-             "blockwise quantize: the ", direction_name_of(d),
-             " destination has no data or scale_inv buffer");
-    QR_CHECK(dd.data.dtype == QR_DTYPE_E4M3 && dd.scale_inv.dtype == QR_DTYPE_F32,
-             "blockwise quantize: the ", direction_name_of(d), " destination buffers are ",
-             ref::dtype_str(dd.data.dtype), " data and ", ref::dtype_str(dd.scale_inv.dtype),
-             " scales; expected e4m3 and f32");
-    check_contiguous(dd.data, "destination data");
-    check_contiguous(dd.scale_inv, "destination scale_inv");
-  }
-
-  // The checks of a quantize call (usage, shape, destinations); sets the source's logical
-  // [rows, cols]. quantize and each group of quantize_grouped make them.
-  void check_quantize_call(const qr_tensor_view& src, const qr_quantize_args& args,
-                           const qr_quantized_tensor& dst, std::int64_t& rows,
-                           std::int64_t& cols) const {
-    QR_CHECK(args.usage != 0 && (args.usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0,
-             "blockwise quantize: usage must be rowwise (1), columnwise (2) or both, got ",
-             args.usage);
-    QR_CHECK((args.usage & ~dst.usage) == 0, "blockwise quantize: usage ", args.usage,
-             " asks for a direction the destination does not hold (it holds ", dst.usage,
-             "); allocate it with that usage");
-    logical_shape(src, rows, cols);
-    QR_CHECK(rows == dst.rows && cols == dst.cols, "blockwise quantize: source is ", rows, "x",
-             cols, " (as 2-D) but the destination is ", dst.rows, "x", dst.cols);
-    for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
-      if (args.usage & usage_bit_of(d))
-        check_destination(direction_data(dst, d), rows, cols, d, src.device);
-  }
 
   // Both requested directions in one kernel pass; the destinations were checked already.
   void quantize_cuda(const qr_tensor_view& src, const qr_quantize_args& args,
@@ -370,7 +230,7 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
   cuda::QuantizeArgs cuda_args(const qr_tensor_view& src, const qr_quantize_args& args,
                                qr_quantized_tensor& dst, std::int64_t rows, std::int64_t cols,
                                const char* op) const {
-    require_contiguous_cuda_source(src, op);
+    sdk::require_contiguous_source(src, kFormat, op);
     const auto src_dtype = static_cast<qr_dtype>(src.dtype);
     cuda::QuantizeArgs a;
     a.src = src.data;
@@ -405,4 +265,4 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
 
 QR_DEFINE_PLUGIN(qrecipe::blockwise::BlockwiseQuantizer, "blockwise", "1.0.0",
                  "FP8 E4M3 with one FP32 scale per 1x128 block or 128x128 tile (DeepSeek-style)",
-                 qrecipe::blockwise::kSchema, qrecipe::blockwise::kDevices)
+                 qrecipe::blockwise::kSchema, ::qrecipe::sdk::kBuiltDevices)

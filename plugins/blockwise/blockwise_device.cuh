@@ -1,8 +1,8 @@
 // The quantize tile of blockwise, shared by the kernels of blockwise_kernels.cu (one tensor)
 // and blockwise_grouped_kernels.cu (every group of a grouped call in one launch), so both run
 // the same per-block code: the device helpers, the CTA's shared memory and parameters,
-// quantize_tile (one 128 x 128 tile, both directions) and the host-side parameter setup of one
-// tensor. Moved here unchanged from blockwise_kernels.cu. CUDA only (nvcc).
+// quantize_tile (one 128 x 128 tile, both directions, in named steps) and the host-side
+// parameter setup of one tensor. CUDA only (nvcc).
 //
 // Exactness: as blockwise_kernels.cu says (the scale and the product are blockwise_numerics.hpp,
 // the reference's own code; the block amax is an exact max).
@@ -22,7 +22,18 @@ namespace qrecipe::blockwise::cuda {
 
 // Shared helpers of the tile code (qrecipe/cuda_sdk.cuh).
 using sdk::cuda::amax_of;
+using sdk::cuda::as_stream;
+using sdk::cuda::atomic_max_nonnegative;
+using sdk::cuda::BF16In;
+using sdk::cuda::block_max;
+using sdk::ceil_div;
 using sdk::cuda::decode_raw8;
+using sdk::cuda::DeviceGuard;
+using sdk::cuda::Directions;  // one kernel instance per direction request
+using sdk::cuda::F16In;
+using sdk::cuda::F32In;
+using sdk::cuda::has_columnwise;
+using sdk::cuda::has_rowwise;
 using sdk::cuda::is_aligned;
 using sdk::cuda::load_raw8;
 using sdk::cuda::Raw8;
@@ -31,17 +42,6 @@ using sdk::cuda::store_bytes8;
 using sdk::cuda::valid_in_run;
 
 inline constexpr int kBlock = 128;  // edge of a block / tile (ref::kBlock)
-
-// Which directions one kernel instance writes: each request runs its own instance, compiled
-// without the other direction's code, registers and shared memory.
-enum class Directions { kRowwise, kColumnwise, kBoth };
-
-__host__ __device__ constexpr bool has_rowwise(Directions d) {
-  return d != Directions::kColumnwise;
-}
-__host__ __device__ constexpr bool has_columnwise(Directions d) {
-  return d != Directions::kRowwise;
-}
 
 // Fused quantize. One CTA of 16 warps per 128 x 128 tile of the source (grid: column tiles x
 // row tiles); warp (wy, wx) holds the 32 x 32 warp tile at rows 32 wy, columns 32 wx in the
@@ -116,37 +116,57 @@ __device__ __forceinline__ std::uint32_t encode_pair(float lo, float hi, bool ha
   return has_nan ? num::fast::canonical_nan_pair(codes, lo, hi) : codes;
 }
 
-// Quantizes the tile (tile_row, tile_col). kInterior: the tile lies inside the tensor and
-// every buffer is aligned (p.all_aligned), so every run is a whole vector.
-template <bool kInterior, class In, bool kTile128x128, Directions D>
-__device__ __forceinline__ void quantize_tile(const QuantizeParams<In>& p, std::int64_t tile_row,
-                                              std::int64_t tile_col,
-                                              QuantizeShared<In, kTile128x128, D>& sh) {
-  using T = QuantizeTile<In>;
-  constexpr bool kRowwise = has_rowwise(D), kColumnwise = has_columnwise(D);
-  constexpr int R = sdk::cuda::kTileRowsPerLane, C = sdk::cuda::kTileColsPerLane;
-  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  const int rg = lane / 4, cg = lane % 4;
-  const int wy = warp / T::kWarpsX, wx = warp % T::kWarpsX;
-  const std::int64_t row0 = tile_row * T::kRows, col0 = tile_col * T::kCols;
-  const int lane_row = wy * 32 + rg * R;  // within the tile
-  const int lane_col = wx * 32 + cg * C;
-  const std::int64_t col = col0 + lane_col;
-  const std::int64_t lane_offset = (row0 + lane_row) * p.cols + col;  // element of run 0
-  const int valid_cols = kInterior ? C : valid_in_run(col, p.cols, C);
+// Where this lane's part of tile (tile_row, tile_col) lies: warp (wy, wx) holds the warp tile
+// at rows 32 wy, columns 32 wx; lane 4 rg + cg its rows 4 rg .., columns 8 cg .. .
+struct TileLane {
+  int lane, warp, rg, cg, wy, wx;
+  std::int64_t row0, col0;      // the tile's first row and column
+  int lane_row, lane_col;       // the lane's first row and column within the tile
+  std::int64_t col;             // the lane's first column in the tensor
+  std::int64_t lane_offset;     // element of run 0: (row0 + lane_row, col)
+  int valid_cols;               // of its C columns, inside the tensor
+};
 
+template <bool kInterior, class In>
+__device__ __forceinline__ TileLane tile_lane(const QuantizeParams<In>& p, std::int64_t tile_row,
+                                              std::int64_t tile_col) {
+  using T = QuantizeTile<In>;
+  constexpr int R = sdk::cuda::kTileRowsPerLane, C = sdk::cuda::kTileColsPerLane;
+  TileLane L;
+  L.lane = static_cast<int>(threadIdx.x % 32);
+  L.warp = static_cast<int>(threadIdx.x / 32);
+  L.rg = L.lane / 4;
+  L.cg = L.lane % 4;
+  L.wy = L.warp / T::kWarpsX;
+  L.wx = L.warp % T::kWarpsX;
+  L.row0 = tile_row * T::kRows;
+  L.col0 = tile_col * T::kCols;
+  L.lane_row = L.wy * 32 + L.rg * R;
+  L.lane_col = L.wx * 32 + L.cg * C;
+  L.col = L.col0 + L.lane_col;
+  L.lane_offset = (L.row0 + L.lane_row) * p.cols + L.col;
+  L.valid_cols = kInterior ? C : valid_in_run(L.col, p.cols, C);
+  return L;
+}
+
+// Step 1: the lane's R runs of C elements (one 16-byte load a row, all issued first; outside
+// the tensor +0), as FP32. Returns whether any of them is NaN.
+template <bool kInterior, class In>
+__device__ __forceinline__ bool load_lane_values(
+    const QuantizeParams<In>& p, const TileLane& L,
+    float (&x)[sdk::cuda::kTileRowsPerLane][sdk::cuda::kTileColsPerLane]) {
+  constexpr int R = sdk::cuda::kTileRowsPerLane, C = sdk::cuda::kTileColsPerLane;
   Raw8<In> raw[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) {
-    const std::int64_t offset = lane_offset + i * p.cols;
+    const std::int64_t offset = L.lane_offset + i * p.cols;
     if constexpr (kInterior) {
       load_raw8<In>(p.src, offset, C, true, raw[i]);
     } else {
-      const int valid = row0 + lane_row + i < p.rows ? valid_cols : 0;
+      const int valid = L.row0 + L.lane_row + i < p.rows ? L.valid_cols : 0;
       load_raw8<In>(p.src, offset, valid, p.load_aligned && valid == C, raw[i]);
     }
   }
-  float x[R][C];
   bool has_nan = false;
 #pragma unroll
   for (int i = 0; i < R; ++i) {
@@ -154,8 +174,18 @@ __device__ __forceinline__ void quantize_tile(const QuantizeParams<In>& p, std::
 #pragma unroll
     for (int k = 0; k < C; ++k) has_nan |= x[i][k] != x[i][k];
   }
+  return has_nan;
+}
 
-  // Partial amaxes into shared memory (rows and columns outside the tensor hold +0).
+// Step 2: the lane's partial amaxes into shared memory (rows and columns outside the tensor
+// hold +0): 128x128, the warp's max; else a row's max over its 4 lanes, per warp column, and a
+// column's max over its 8 lanes, per warp row.
+template <class In, bool kTile128x128, Directions D>
+__device__ __forceinline__ void publish_partial_amaxes(
+    const TileLane& L, const float (&x)[sdk::cuda::kTileRowsPerLane][sdk::cuda::kTileColsPerLane],
+    QuantizeShared<In, kTile128x128, D>& sh) {
+  constexpr bool kRowwise = has_rowwise(D), kColumnwise = has_columnwise(D);
+  constexpr int R = sdk::cuda::kTileRowsPerLane, C = sdk::cuda::kTileColsPerLane;
   if constexpr (kTile128x128) {
     float m = 0.0f;
 #pragma unroll
@@ -165,7 +195,7 @@ __device__ __forceinline__ void quantize_tile(const QuantizeParams<In>& p, std::
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1)
       m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
-    if (lane == 0) sh.warp_max[warp] = m;
+    if (L.lane == 0) sh.warp_max[L.warp] = m;
   } else {
     if constexpr (kRowwise) {
       float m[R];
@@ -178,8 +208,8 @@ __device__ __forceinline__ void quantize_tile(const QuantizeParams<In>& p, std::
       }
       float mine = m[0];  // lane cg publishes row 4 rg + cg (the 4 lanes agree on all 4)
 #pragma unroll
-      for (int i = 1; i < R; ++i) mine = cg == i ? m[i] : mine;
-      sh.row_part[wx][lane_row + cg] = mine;
+      for (int i = 1; i < R; ++i) mine = L.cg == i ? m[i] : mine;
+      sh.row_part[L.wx][L.lane_row + L.cg] = mine;
     }
     if constexpr (kColumnwise) {
       float colmax[C];
@@ -189,12 +219,22 @@ __device__ __forceinline__ void quantize_tile(const QuantizeParams<In>& p, std::
 #pragma unroll
         for (int i = 0; i < R; ++i) colmax[k] = amax_of(colmax[k], x[i][k]);
       }
-      sh.col_part[wy][wx * 32 + cg * C + rg] = sdk::cuda::max_over_column_lanes_scatter(colmax);
+      sh.col_part[L.wy][L.wx * 32 + L.cg * C + L.rg] =
+          sdk::cuda::max_over_column_lanes_scatter(colmax);
     }
   }
-  __syncthreads();
+}
 
-  // Scales, each computed once: scale for the codes, scale_inv = 1 / scale (IEEE) stored.
+// Step 3: the scales, each computed once from the partial amaxes (thread 0 for a 128x128
+// tile; else one thread per tile row and per tile column, both directions at once): the
+// scale for the codes into shared memory, scale_inv = 1 / scale (IEEE) stored.
+template <bool kInterior, class In, bool kTile128x128, Directions D>
+__device__ __forceinline__ void publish_scales(const QuantizeParams<In>& p, std::int64_t tile_row,
+                                               std::int64_t tile_col, const TileLane& L,
+                                               QuantizeShared<In, kTile128x128, D>& sh) {
+  using T = QuantizeTile<In>;
+  constexpr bool kRowwise = has_rowwise(D), kColumnwise = has_columnwise(D);
+  const std::int64_t row0 = L.row0, col0 = L.col0;
   const int t = static_cast<int>(threadIdx.x);
   if constexpr (kTile128x128) {
     if (t == 0) {
@@ -235,50 +275,83 @@ __device__ __forceinline__ void quantize_tile(const QuantizeParams<In>& p, std::
       }
     }
   }
-  __syncthreads();
+}
 
-  if constexpr (kRowwise) {
+// Step 4: the rowwise codes, 8 a row and lane (one 8-byte store), with the row's scale.
+template <bool kInterior, class In, bool kTile128x128, Directions D>
+__device__ __forceinline__ void store_rowwise_codes(
+    const QuantizeParams<In>& p, const TileLane& L,
+    const float (&x)[sdk::cuda::kTileRowsPerLane][sdk::cuda::kTileColsPerLane], bool has_nan,
+    const QuantizeShared<In, kTile128x128, D>& sh) {
+  constexpr int R = sdk::cuda::kTileRowsPerLane, C = sdk::cuda::kTileColsPerLane;
 #pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const float scale = kTile128x128 ? sh.tile_scale : sh.row_scale[lane_row + i];
-      float y[C];
+  for (int i = 0; i < R; ++i) {
+    const float scale = kTile128x128 ? sh.tile_scale : sh.row_scale[L.lane_row + i];
+    float y[C];
 #pragma unroll
-      for (int k = 0; k < C; ++k) y[k] = x[i][k] * scale;
-      const std::uint32_t lo =
-          encode_pair(y[0], y[1], has_nan) | (encode_pair(y[2], y[3], has_nan) << 16);
-      const std::uint32_t hi =
-          encode_pair(y[4], y[5], has_nan) | (encode_pair(y[6], y[7], has_nan) << 16);
-      const std::int64_t offset = lane_offset + i * p.cols;
-      if constexpr (kInterior) {
-        store_bytes8(p.rowwise_data, offset, C, true, lo, hi);
-      } else if (row0 + lane_row + i < p.rows && valid_cols > 0) {
-        store_bytes8(p.rowwise_data, offset, valid_cols,
-                     p.rowwise_store_aligned && valid_cols == C, lo, hi);
-      }
+    for (int k = 0; k < C; ++k) y[k] = x[i][k] * scale;
+    const std::uint32_t lo =
+        encode_pair(y[0], y[1], has_nan) | (encode_pair(y[2], y[3], has_nan) << 16);
+    const std::uint32_t hi =
+        encode_pair(y[4], y[5], has_nan) | (encode_pair(y[6], y[7], has_nan) << 16);
+    const std::int64_t offset = L.lane_offset + i * p.cols;
+    if constexpr (kInterior) {
+      store_bytes8(p.rowwise_data, offset, C, true, lo, hi);
+    } else if (L.row0 + L.lane_row + i < p.rows && L.valid_cols > 0) {
+      store_bytes8(p.rowwise_data, offset, L.valid_cols,
+                   p.rowwise_store_aligned && L.valid_cols == C, lo, hi);
     }
   }
-  if constexpr (kColumnwise) {
-    // Transposed: columnwise[c][r] = code of (r, c); the lane's 4 rows of column c are 4
-    // consecutive bytes of output row c.
-    const std::int64_t r = row0 + lane_row;
-    const int valid_rows = kInterior ? R : valid_in_run(r, p.rows, R);
-    const std::int64_t column_offset = col * p.rows + r;  // code of (r, col)
+}
+
+// Step 5: the columnwise codes (transposed data [cols, rows]), with each column's scale.
+template <bool kInterior, class In, bool kTile128x128, Directions D>
+__device__ __forceinline__ void store_columnwise_codes(
+    const QuantizeParams<In>& p, const TileLane& L,
+    const float (&x)[sdk::cuda::kTileRowsPerLane][sdk::cuda::kTileColsPerLane], bool has_nan,
+    const QuantizeShared<In, kTile128x128, D>& sh) {
+  constexpr int R = sdk::cuda::kTileRowsPerLane, C = sdk::cuda::kTileColsPerLane;
+  // Transposed: columnwise[c][r] = code of (r, c); the lane's 4 rows of column c are 4
+  // consecutive bytes of output row c.
+  const std::int64_t r = L.row0 + L.lane_row;
+  const int valid_rows = kInterior ? R : valid_in_run(r, p.rows, R);
+  const std::int64_t column_offset = L.col * p.rows + r;  // code of (r, col)
 #pragma unroll
-    for (int k = 0; k < C; ++k) {
-      const float scale = kTile128x128 ? sh.tile_scale : sh.col_scale[lane_col + k];
-      float y[R];
+  for (int k = 0; k < C; ++k) {
+    const float scale = kTile128x128 ? sh.tile_scale : sh.col_scale[L.lane_col + k];
+    float y[R];
 #pragma unroll
-      for (int i = 0; i < R; ++i) y[i] = x[i][k] * scale;
-      const std::uint32_t word =
-          encode_pair(y[0], y[1], has_nan) | (encode_pair(y[2], y[3], has_nan) << 16);
-      if constexpr (kInterior) {
-        store_bytes4(p.columnwise_data, column_offset + k * p.rows, R, true, word);
-      } else if (k < valid_cols && valid_rows > 0) {
-        store_bytes4(p.columnwise_data, column_offset + k * p.rows, valid_rows,
-                     p.columnwise_store_aligned && valid_rows == R, word);
-      }
+    for (int i = 0; i < R; ++i) y[i] = x[i][k] * scale;
+    const std::uint32_t word =
+        encode_pair(y[0], y[1], has_nan) | (encode_pair(y[2], y[3], has_nan) << 16);
+    if constexpr (kInterior) {
+      store_bytes4(p.columnwise_data, column_offset + k * p.rows, R, true, word);
+    } else if (k < L.valid_cols && valid_rows > 0) {
+      store_bytes4(p.columnwise_data, column_offset + k * p.rows, valid_rows,
+                   p.columnwise_store_aligned && valid_rows == R, word);
     }
   }
+}
+
+// Quantizes the tile (tile_row, tile_col), both requested directions, in five steps with two
+// barriers. kInterior: the tile lies inside the tensor and every buffer is aligned
+// (p.all_aligned), so every run is a whole vector.
+template <bool kInterior, class In, bool kTile128x128, Directions D>
+__device__ __forceinline__ void quantize_tile(const QuantizeParams<In>& p, std::int64_t tile_row,
+                                              std::int64_t tile_col,
+                                              QuantizeShared<In, kTile128x128, D>& sh) {
+  constexpr int R = sdk::cuda::kTileRowsPerLane, C = sdk::cuda::kTileColsPerLane;
+  const TileLane L = tile_lane<kInterior>(p, tile_row, tile_col);
+  float x[R][C];
+  const bool has_nan = load_lane_values<kInterior>(p, L, x);
+  publish_partial_amaxes<In, kTile128x128, D>(L, x, sh);
+  __syncthreads();
+  publish_scales<kInterior, In, kTile128x128, D>(p, tile_row, tile_col, L, sh);
+  __syncthreads();
+  if constexpr (has_rowwise(D))
+    store_rowwise_codes<kInterior, In, kTile128x128, D>(p, L, x, has_nan, sh);
+  if constexpr (has_columnwise(D))
+    store_columnwise_codes<kInterior, In, kTile128x128, D>(p, L, x, has_nan, sh);
 }
 
 // The edge tiles, out of line: their bounds checks and scalar fallbacks keep more values live,

@@ -2,9 +2,9 @@
 // blockwise_ref.cpp applied to each group alone.
 //
 // Map of this file (STYLE.md rule 11):
-//   1. the group table (kernel parameter)
-//   2. the kernel: one 128 x 128 tile of one group per CTA
-//   3. the launcher (table chunks, dtype / block / direction dispatch) and the entry
+//   1. the tile of a group: what the SDK's grouped kernel (qrecipe/cuda_sdk.cuh
+//      grouped_tile_kernel: one 128 x 128 tile of one group per CTA) runs
+//   2. the launcher (dtype / block / direction dispatch) and the entry
 //
 // One launch serves every group: each group's quantize_tile parameters (the very
 // QuantizeParams that blockwise_kernels.cu's quantize would pass for that group alone, made by
@@ -20,7 +20,6 @@
 
 #include <cuda_runtime.h>
 
-#include <climits>
 #include <cstdint>
 #include <vector>
 
@@ -34,79 +33,39 @@ namespace {
 
 constexpr const char* kFormat = "blockwise";  // for QR_CUDA_CHECK (cuda_sdk.cuh)
 
-using sdk::ceil_div;
-using sdk::cuda::as_stream;
-using sdk::cuda::BF16In;
-using sdk::cuda::DeviceGuard;
-using sdk::cuda::F16In;
-using sdk::cuda::F32In;
-using sdk::cuda::find_group;
 
-// ---------------------------------------------------------------- 1. the group table
+// ---------------------------------------------------------------- 1. the tile of a group
 
-template <class In>
-struct GroupEntry {
-  std::int64_t first_block;  // prefix sum of tiles (sdk::cuda::GroupTable)
-  QuantizeParams<In> p;      // the group alone, as blockwise_kernels.cu would launch it
+// What sdk::cuda::grouped_tile_kernel runs for each CTA: tile (tile_row, tile_col) of its group
+// with quantize_tile, the code of the one-tensor kernel (blockwise_kernels.cu quantize_kernel):
+// the interior path when the tile lies inside the group and the group's buffers are aligned,
+// the out-of-line edge path otherwise.
+template <class In, bool kTile128x128, Directions D>
+struct GroupTile {
+  using T = QuantizeTile<In>;
+  using Params = QuantizeParams<In>;
+  using Shared = QuantizeShared<In, kTile128x128, D>;
+  static constexpr int kRows = T::kRows, kCols = T::kCols;
+  static constexpr int kThreads = T::kThreads, kMinBlocksPerSM = T::kMinBlocksPerSM;
+
+  static __device__ __forceinline__ void quantize(const Params& p, std::int64_t tile_row,
+                                                  std::int64_t tile_col, Shared& sh) {
+    if (p.all_aligned && (tile_col + 1) * kCols <= p.cols && (tile_row + 1) * kRows <= p.rows)
+      quantize_tile<true, In, kTile128x128, D>(p, tile_row, tile_col, sh);
+    else
+      quantize_edge_tile<In, kTile128x128, D>(p, tile_row, tile_col, sh);
+  }
 };
 
-template <class In>
-using GroupTable = sdk::cuda::GroupTable<GroupEntry<In>, kMaxGroupsPerLaunch>;
+// ---------------------------------------------------------------- 2. launcher, entry
 
-// ---------------------------------------------------------------- 2. the kernel
-
-// A CTA quantizes tile (tile_row, tile_col) of its group with quantize_tile, the code of the
-// one-tensor kernel (blockwise_kernels.cu quantize_kernel): the interior path when the tile
-// lies inside the group and the group's buffers are aligned, the out-of-line edge path
-// otherwise. The group's parameters are read in place from the table (no copy).
-template <class In, bool kTile128x128, Directions D>
-__global__ void __launch_bounds__(QuantizeTile<In>::kThreads, QuantizeTile<In>::kMinBlocksPerSM)
-    grouped_quantize_kernel(const std::int64_t tile_cols,
-                            const __grid_constant__ GroupTable<In> table) {
-  using T = QuantizeTile<In>;
-  __shared__ QuantizeShared<In, kTile128x128, D> sh;
-  const GroupEntry<In>& e = table.group[find_group(table, blockIdx.x)];
-  const QuantizeParams<In>& p = e.p;
-  const std::int64_t local = static_cast<std::int64_t>(blockIdx.x) - e.first_block;
-  const std::int64_t tile_row = local / tile_cols;
-  const std::int64_t tile_col = local % tile_cols;
-  if (p.all_aligned && (tile_col + 1) * T::kCols <= p.cols && (tile_row + 1) * T::kRows <= p.rows)
-    quantize_tile<true, In, kTile128x128, D>(p, tile_row, tile_col, sh);
-  else
-    quantize_edge_tile<In, kTile128x128, D>(p, tile_row, tile_col, sh);
-}
-
-// ---------------------------------------------------------------- 3. launcher, entry
-
+// Every group's tiles in one launch (per kMaxGroupsPerLaunch groups): sdk::cuda's grouped
+// kernel with each group's QuantizeParams, made by the same quantize_params as quantize's.
 template <class In, bool kTile128x128, Directions D>
 void launch_grouped(const std::vector<QuantizeArgs>& groups) {
-  using T = QuantizeTile<In>;
-  const std::int64_t cols = groups.front().cols;
-  const std::int64_t tile_cols = ceil_div(cols, T::kCols);
-  const cudaStream_t stream = as_stream(groups.front().stream);
-  for (std::size_t first = 0; first < groups.size(); first += kMaxGroupsPerLaunch) {
-    GroupTable<In> table{};
-    const std::size_t left = groups.size() - first;
-    const int n = static_cast<int>(left < static_cast<std::size_t>(kMaxGroupsPerLaunch)
-                                       ? left
-                                       : static_cast<std::size_t>(kMaxGroupsPerLaunch));
-    table.count = n;
-    std::int64_t blocks = 0;
-    for (int i = 0; i < n; ++i) {
-      const QuantizeArgs& a = groups[first + static_cast<std::size_t>(i)];
-      GroupEntry<In>& e = table.group[i];
-      e.first_block = blocks;
-      if (a.rows == 0 || cols == 0) continue;  // no tiles; its pointers may be null
-      e.p = quantize_params<In, D>(a);
-      blocks += ceil_div(a.rows, T::kRows) * tile_cols;
-    }
-    if (blocks == 0) continue;  // only empty groups in this chunk
-    QR_CHECK(blocks <= INT_MAX, "blockwise CUDA quantize_grouped: ", blocks, " tiles of ",
-             T::kRows, "x", T::kCols, "; at most ", INT_MAX, " fit in one grid");
-    grouped_quantize_kernel<In, kTile128x128, D>
-        <<<static_cast<unsigned>(blocks), T::kThreads, 0, stream>>>(tile_cols, table);
-    QR_CUDA_CHECK_LAUNCH("blockwise grouped_quantize_kernel");
-  }
+  sdk::cuda::launch_grouped_tiles<GroupTile<In, kTile128x128, D>, kMaxGroupsPerLaunch>(
+      groups, groups.front().cols, [](const QuantizeArgs& a) { return quantize_params<In, D>(a); },
+      as_stream(groups.front().stream), kFormat);
 }
 
 template <class In, bool kTile128x128>
@@ -127,11 +86,7 @@ void dispatch_block(const std::vector<QuantizeArgs>& groups, bool rowwise, bool 
 void quantize_grouped(const std::vector<QuantizeArgs>& groups) {
   QR_CHECK(!groups.empty(), "blockwise CUDA quantize_grouped: no groups; pass at least one");
   const QuantizeArgs& a0 = groups.front();
-  QR_CHECK_CODE(a0.src_dtype == QR_DTYPE_F32 || a0.src_dtype == QR_DTYPE_BF16 ||
-                    a0.src_dtype == QR_DTYPE_F16,
-                QR_STATUS_UNSUPPORTED, "blockwise CUDA quantize_grouped: source dtype code ",
-                static_cast<int>(a0.src_dtype), " is not f32, bf16 or f16; convert the tensor "
-                "first");
+  sdk::cuda::check_source_dtype(a0.src_dtype, kFormat, "quantize_grouped");
   QR_CHECK(a0.cols >= 0, "blockwise CUDA quantize_grouped: negative column count ", a0.cols);
   // The requested directions: those of the groups with elements (an empty group writes
   // nothing and its buffers may be null); every such group must request the same.

@@ -53,25 +53,10 @@ namespace {
 constexpr const char* kFormat = "blockwise";  // for QR_CUDA_CHECK (cuda_sdk.cuh)
 
 // Shared helpers (qrecipe/cuda_sdk.cuh; those of the quantize tile: blockwise_device.cuh).
-using sdk::cuda::DeviceGuard;
-using sdk::cuda::BF16In;
 using sdk::cuda::BF16Out;
-using sdk::cuda::F16In;
-using sdk::cuda::F32In;
+using sdk::cuda::F16Out;
 using sdk::cuda::F32Out;
-using sdk::cuda::RunOf;
-using sdk::cuda::as_stream;
-using sdk::cuda::atomic_max_nonnegative;
-using sdk::cuda::block_max;
-using sdk::cuda::grid_for;
-using sdk::cuda::is_aligned;
 using sdk::cuda::kRunLength;
-using sdk::cuda::valid_in_run;
-
-struct F16Out {
-  using Storage = std::uint16_t;
-  static __device__ __forceinline__ Storage from_f32(float v) { return num::f32_to_f16(v); }
-};
 
 // ---------------------------------------------------------------- 2. device helpers
 
@@ -108,60 +93,22 @@ __global__ void __launch_bounds__(QuantizeTile<In>::kThreads, QuantizeTile<In>::
   }
 }
 
-// Dequantize of row-major data ([rows, cols]): a thread decodes runs of kDequantizeRun codes
-// of one row (one 16-byte load where aligned), grid-stride.
-constexpr int kDequantizeThreads = 256;
-constexpr int kDequantizeRun = 16;
-constexpr std::int64_t kDequantizeMaxBlocks = 8192;  // 2M threads; the grid-stride loop does the rest
-
-struct DequantizeParams {
-  const std::uint8_t* data;
+// Dequantize of row-major data ([rows, cols]): the SDK's 16-byte-run kernel
+// (cuda_sdk.cuh dequantize_runs_kernel) with the blockwise decode.
+struct Decoder {
   const float* scale_inv;
   ScaleGeometry scale;
-  std::int64_t rows, cols;
-  std::int64_t runs_per_row;  // ceil(cols / kDequantizeRun)
-  bool aligned;               // cols % 16 == 0, data and dst 16-byte aligned
-};
 
-template <class Out>
-__global__ void __launch_bounds__(kDequantizeThreads)
-    dequantize_kernel(const DequantizeParams p, typename Out::Storage* dst) {
-  using Storage = typename Out::Storage;
-  constexpr int N = kDequantizeRun;
-  const std::int64_t runs = p.rows * p.runs_per_row;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t run = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       run < runs; run += stride) {
-    const std::int64_t r = run / p.runs_per_row;
-    const std::int64_t c0 = (run % p.runs_per_row) * N;
-    const int valid = valid_in_run(c0, p.cols, N);
-    const std::int64_t offset = r * p.cols + c0;
-    const bool whole = p.aligned && valid == N;
-    std::uint8_t q[N];
-    if (whole) {
-      const RunOf<std::uint8_t, N> in =
-          *reinterpret_cast<const RunOf<std::uint8_t, N>*>(p.data + offset);
-#pragma unroll
-      for (int k = 0; k < N; ++k) q[k] = in.v[k];
-    } else {
-#pragma unroll
-      for (int k = 0; k < N; ++k) q[k] = k < valid ? p.data[offset + k] : 0;
-    }
-    RunOf<Storage, N> out;
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      const float s = k < valid ? p.scale_inv[p.scale.offset(r, c0 + k)] : 1.0f;
-      out.v[k] = Out::from_f32(num_bw::decode(q[k], s));
-    }
-    if (whole) {
-      *reinterpret_cast<RunOf<Storage, N>*>(dst + offset) = out;
-    } else {
-#pragma unroll
-      for (int k = 0; k < N; ++k)
-        if (k < valid) dst[offset + k] = out.v[k];
-    }
+  struct Run {
+    std::int64_t r, c0;
+  };
+  __device__ __forceinline__ Run run(std::int64_t r, std::int64_t c0) const { return {r, c0}; }
+  // Element k's scale_inv from its block (1.0 past the edge, unused).
+  __device__ __forceinline__ float decode(const Run& at, std::uint8_t q, int k, int valid) const {
+    const float s = k < valid ? scale_inv[scale.offset(at.r, at.c0 + k)] : 1.0f;
+    return num_bw::decode(q, s);
   }
-}
+};
 
 // Dequantize of transposed data ([cols, rows] holds logical (r, c) at [c][r]): one CTA per
 // kTransposeTile^2 tile; byte loads along the stored rows into shared memory, then stores
@@ -210,13 +157,6 @@ __global__ void __launch_bounds__(kTransposeThreads)
 
 // ---------------------------------------------------------------- 4. launchers, entries
 
-using sdk::ceil_div;  // qrecipe/plugin_sdk.hpp
-
-void check_source_dtype(qr_dtype dtype, const char* entry) {
-  QR_CHECK_CODE(dtype == QR_DTYPE_F32 || dtype == QR_DTYPE_BF16 || dtype == QR_DTYPE_F16,
-                QR_STATUS_UNSUPPORTED, "blockwise CUDA ", entry, ": source dtype code ",
-                static_cast<int>(dtype), " is not f32, bf16 or f16; convert the tensor first");
-}
 
 template <class In, bool kTile128x128, Directions D>
 void launch_quantize(const QuantizeArgs& a) {
@@ -253,18 +193,8 @@ void launch_dequantize(const DequantizeArgs& a, cudaStream_t stream) {
   const ScaleGeometry geometry{a.block_rows, a.block_cols, a.scale_ld, a.scale_transposed};
   auto* dst = static_cast<Storage*>(a.dst);
   if (!a.data_transposed) {
-    DequantizeParams p{};
-    p.data = a.data;
-    p.scale_inv = a.scale_inv;
-    p.scale = geometry;
-    p.rows = a.rows;
-    p.cols = a.cols;
-    p.runs_per_row = ceil_div(a.cols, kDequantizeRun);
-    p.aligned = a.cols % kDequantizeRun == 0 && is_aligned(a.data, 16) && is_aligned(a.dst, 16);
-    const unsigned blocks =
-        grid_for(a.rows * p.runs_per_row, kDequantizeThreads, kDequantizeMaxBlocks);
-    dequantize_kernel<Out><<<blocks, kDequantizeThreads, 0, stream>>>(p, dst);
-    QR_CUDA_CHECK_LAUNCH("blockwise dequantize_kernel");
+    sdk::cuda::launch_dequantize_runs<Out>(a.data, Decoder{a.scale_inv, geometry}, a.rows, a.cols,
+                                           a.dst, stream, kFormat);
     return;
   }
   TransposedDequantizeParams p{};
@@ -286,7 +216,7 @@ void launch_dequantize(const DequantizeArgs& a, cudaStream_t stream) {
 }  // namespace
 
 void quantize(const QuantizeArgs& a) {
-  check_source_dtype(a.src_dtype, "quantize");
+  sdk::cuda::check_source_dtype(a.src_dtype, kFormat, "quantize");
   QR_CHECK(a.rows >= 0 && a.cols >= 0, "blockwise CUDA quantize: negative shape ", a.rows,
            " x ", a.cols);
   QR_CHECK(a.rowwise_data != nullptr || a.columnwise_data != nullptr,
@@ -327,7 +257,7 @@ void dequantize(const DequantizeArgs& a) {
 
 float compute_amax_to_host(const void* src, qr_dtype src_dtype, std::int64_t numel,
                            int device_index, void* stream) {
-  check_source_dtype(src_dtype, "compute_amax");
+  sdk::cuda::check_source_dtype(src_dtype, kFormat, "compute_amax");
   return sdk::cuda::amax_to_host(src, src_dtype, numel, device_index, stream, kFormat);
 }
 

@@ -24,6 +24,7 @@
 namespace qrecipe::blockwise::ref {
 namespace {
 
+using sdk::dtype_str;
 using sdk::ceil_div;
 using sdk::round_up;
 
@@ -67,8 +68,6 @@ void check_source_dtype(std::int32_t dtype) { sdk::check_source_dtype(dtype, "bl
 const char* block_shape_name(BlockShape shape) {
   return shape == BlockShape::k1x128 ? "1x128" : "128x128";
 }
-
-const char* dtype_str(std::int32_t dtype) { return sdk::dtype_str(dtype); }
 
 float value_for_inf(qr_dtype src_dtype) {
   switch (src_dtype) {

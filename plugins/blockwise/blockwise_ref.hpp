@@ -60,8 +60,6 @@ struct Params {
   float amax_epsilon = 0.0f;
 };
 
-// Name of a qr_dtype code for messages ("bf16"), or "unknown dtype".
-const char* dtype_str(std::int32_t dtype);
 
 // Largest finite value of the source dtype (f32, bf16, f16): what an infinite scale becomes.
 float value_for_inf(qr_dtype src_dtype);

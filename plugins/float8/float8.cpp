@@ -47,8 +47,8 @@
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 #include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/plugin_sdk_checks.hpp"
 #include "qrecipe/plugin_sdk_tensor.hpp"
-#include "qrecipe/tensor.hpp"
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
 #include "float8_grouped_kernels.hpp"
 #include "float8_kernels.hpp"
@@ -129,9 +129,10 @@ Resolved resolve_options(const sdk::Options& opts, const qr_role* role) {
 
 // ---------------------------------------------------------------- 2. the quantizer
 
+constexpr const char* kFormat = "float8";
+
 using sdk::device_str;
 using sdk::same_device;
-using sdk::usage_name;
 using sdk::view_cols;
 using sdk::view_rows;
 
@@ -144,24 +145,7 @@ class Float8Quantizer final : public sdk::QuantizerBase {
 
   qr_direction_layout layout(std::int64_t rows, std::int64_t cols,
                              qr_direction direction) const override {
-    QR_CHECK(rows >= 0 && cols >= 0, "float8 layout: negative shape ", rows, " x ", cols);
-    qr_direction_layout l = sdk::empty_layout("float8");
-    const bool transposed = direction == QR_DIRECTION_COLUMNWISE;
-    l.data_dtype = o_.dtype;
-    l.data_ndim = 2;
-    l.data_shape[0] = transposed ? cols : rows;
-    l.data_shape[1] = transposed ? rows : cols;
-    l.data_transposed = transposed ? 1 : 0;
-    l.scale_mode = QR_SCALE_TENSOR;
-    l.scale_dtype = QR_DTYPE_F32;
-    l.scale_ndim = 1;
-    l.scale_shape[0] = 1;
-    l.scale_transposed = 0;
-    // One scale covers the whole tensor: the "block" is the tensor itself.
-    l.block_rows = 0;
-    l.block_cols = 0;
-    l.has_amax = 1;
-    return l;
+    return layout_of(rows, cols, direction, o_.dtype);
   }
 
   void compute_amax(const qr_tensor_view& src, void* stream, float amax_out[2]) override {
@@ -172,13 +156,8 @@ class Float8Quantizer final : public sdk::QuantizerBase {
 
   void quantize(const qr_tensor_view& src, const qr_quantize_args& args,
                 qr_quantized_tensor& dst) override {
-    const std::uint32_t usage = sdk::check_quantize_usage(args, dst, "float8");
-    const std::int64_t rows = view_rows(src), cols = view_cols(src);
-    QR_CHECK(dst.rows == rows && dst.cols == cols, "float8 quantize: the source is ", rows,
-             " x ", cols, " (as 2-D) but the destination is ", dst.rows, " x ", dst.cols);
-    for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
-      if (usage & (d == QR_DIRECTION_ROWWISE ? QR_USAGE_ROWWISE : QR_USAGE_COLUMNWISE))
-        check_destination(direction_data(dst, d), d, rows, cols, src.device);
+    const std::uint32_t usage =
+        sdk::check_quantize_call(src, args, dst, kFormat, "quantize", *this);
 
     // A caller-reduced amax (TP/SP/FSDP), [rowwise, columnwise]. Both directions of float8
     // share one scale, so the rowwise entry decides when rowwise data is requested.
@@ -190,8 +169,6 @@ class Float8Quantizer final : public sdk::QuantizerBase {
       quantize_cuda(src, args, dst, has_given, given);
       return;
     }
-    QR_CHECK_CODE(src.device.type == QR_DEVICE_CPU, QR_STATUS_UNSUPPORTED,
-                  "float8 quantize: unknown device type ", src.device.type);
     quantize_cpu(src, usage, dst, has_given ? given : ref::amax(src));
   }
 
@@ -203,7 +180,8 @@ class Float8Quantizer final : public sdk::QuantizerBase {
   // every group's amax into history row 0, as sequential calls would).
   void quantize_grouped(const qr_tensor_view& src, std::span<const std::int64_t> group_rows,
                         const qr_quantize_args& args, std::span<qr_quantized_tensor* const> dst) {
-    sdk::check_source_view(src, "float8");
+    sdk::check_source_view(src, kFormat);
+    sdk::require_supported_device(src.device, kFormat, "quantize_grouped", "the source");
     if (src.device.type != QR_DEVICE_CUDA) {
       sdk::quantize_each_group(*this, src, group_rows, args, dst);
       return;
@@ -213,26 +191,15 @@ class Float8Quantizer final : public sdk::QuantizerBase {
 
   void dequantize(const qr_quantized_tensor& src, qr_direction direction,
                   const qr_tensor_view& dst, void* stream) override {
-    const std::uint32_t bit =
-        direction == QR_DIRECTION_ROWWISE ? QR_USAGE_ROWWISE : QR_USAGE_COLUMNWISE;
-    const char* dir = direction == QR_DIRECTION_ROWWISE ? "rowwise" : "columnwise";
-    QR_CHECK(src.usage & bit, "float8 dequantize: the tensor holds ", usage_name(src.usage),
-             " data, not ", dir);
-    const qr_direction_data& dd = direction_data(src, direction);
+    const qr_direction_data& dd = sdk::check_dequantize_call(src, direction, dst, kFormat);
+    // Decode with the dtype the data was made with (e5m2 for gradients, say).
     const auto data_dtype = static_cast<qr_dtype>(dd.layout.data_dtype);
     QR_CHECK(data_dtype == QR_DTYPE_E4M3 || data_dtype == QR_DTYPE_E5M2,
-             "float8 dequantize: ", dir, " data has dtype ", ref::dtype_str(data_dtype),
-             "; expected e4m3 or e5m2 (was it made by another format?)");
-    QR_CHECK(dd.scale_inv.data != nullptr, "float8 dequantize: ", dir, " data has no scale_inv");
-    QR_CHECK(dd.data.data != nullptr || src.rows * src.cols == 0, "float8 dequantize: ", dir,
-             " data pointer is null");
-    QR_CHECK(view_rows(dst) == src.rows && view_cols(dst) == src.cols,
-             "float8 dequantize: destination is ", view_rows(dst), " x ", view_cols(dst),
-             " (as 2-D) but the tensor is ", src.rows, " x ", src.cols);
-    QR_CHECK(TensorView(dst).is_contiguous(), "float8 dequantize: the destination must be "
-             "contiguous");
-    QR_CHECK(same_device(dd.data.device, dst.device), "float8 dequantize: data on ",
-             device_str(dd.data.device), " but the destination on ", device_str(dst.device));
+             "float8 dequantize: ", sdk::direction_str(direction), " data has dtype ",
+             sdk::dtype_str(data_dtype), "; expected e4m3 or e5m2 (was it made by another "
+             "format?)");
+    sdk::check_stored(dd, layout_of(src.rows, src.cols, direction, data_dtype), direction,
+                      dst.device, kFormat);
     const bool transposed = dd.layout.data_transposed != 0;
     const auto dst_dtype = static_cast<qr_dtype>(dst.dtype);
     if (dst.device.type == QR_DEVICE_CUDA) {
@@ -240,12 +207,10 @@ class Float8Quantizer final : public sdk::QuantizerBase {
       cuda::dequantize(static_cast<const std::uint8_t*>(dd.data.data), data_dtype, transposed,
                        src.rows, src.cols, static_cast<const float*>(dd.scale_inv.data), dst.data,
                        dst_dtype, dst.device.index, stream);
-      return;
-#else
-      (void)stream;
-      throw_no_cuda("dequantize");
 #endif
+      return;
     }
+    (void)stream;
     ref::dequantize(static_cast<const std::uint8_t*>(dd.data.data), data_dtype, src.rows,
                     src.cols, transposed, *static_cast<const float*>(dd.scale_inv.data),
                     dst.data, dst_dtype);
@@ -268,19 +233,30 @@ class Float8Quantizer final : public sdk::QuantizerBase {
   }
 
  private:
-  static const qr_direction_data& direction_data(const qr_quantized_tensor& t, qr_direction d) {
-    return d == QR_DIRECTION_ROWWISE ? t.rowwise : t.columnwise;
-  }
-  static qr_direction_data& direction_data(qr_quantized_tensor& t, qr_direction d) {
-    return d == QR_DIRECTION_ROWWISE ? t.rowwise : t.columnwise;
+  // The layout of a [rows, cols] tensor with `data_dtype` elements (this quantizer's, or the
+  // one a stored tensor was made with).
+  static qr_direction_layout layout_of(std::int64_t rows, std::int64_t cols,
+                                       qr_direction direction, qr_dtype data_dtype) {
+    QR_CHECK(rows >= 0 && cols >= 0, "float8 layout: negative shape ", rows, " x ", cols);
+    qr_direction_layout l = sdk::empty_layout(kFormat);
+    const bool transposed = direction == QR_DIRECTION_COLUMNWISE;
+    l.data_dtype = data_dtype;
+    l.data_ndim = 2;
+    l.data_shape[0] = transposed ? cols : rows;
+    l.data_shape[1] = transposed ? rows : cols;
+    l.data_transposed = transposed ? 1 : 0;
+    l.scale_mode = QR_SCALE_TENSOR;
+    l.scale_dtype = QR_DTYPE_F32;
+    l.scale_ndim = 1;
+    l.scale_shape[0] = 1;
+    l.scale_transposed = 0;
+    // One scale covers the whole tensor: the "block" is the tensor itself.
+    l.block_rows = 0;
+    l.block_cols = 0;
+    l.has_amax = 1;
+    return l;
   }
 
-  [[noreturn]] static void throw_no_cuda(const char* op) {
-    QR_THROW_CODE(QR_STATUS_UNSUPPORTED, "float8 ", op,
-                  ": the tensor is on a CUDA device but this float8 plugin was built without "
-                  "CUDA kernels; rebuild with -DQRECIPE_CUDA=ON, or move the tensor to the CPU "
-                  "(there is no silent CPU fallback)");
-  }
 
   // The engine's state follows the tensors: moved (values kept) when they are elsewhere.
   void ensure_state_on(const qr_device& device) {
@@ -324,45 +300,16 @@ class Float8Quantizer final : public sdk::QuantizerBase {
   }
 
   float tensor_amax(const qr_tensor_view& src, void* stream) const {
+    sdk::require_supported_device(src.device, kFormat, "compute_amax", "the source");
     if (src.device.type == QR_DEVICE_CUDA) {
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
-      check_contiguous(src, "compute_amax");
+      sdk::require_contiguous_source(src, kFormat, "compute_amax");
       return cuda::compute_amax_to_host(src.data, static_cast<qr_dtype>(src.dtype),
-                                        TensorView(src).numel(), src.device.index, stream);
-#else
-      (void)stream;
-      throw_no_cuda("compute_amax");
+                                        sdk::numel(src), src.device.index, stream);
 #endif
     }
+    (void)stream;
     return ref::amax(src);
-  }
-
-  static void check_contiguous(const qr_tensor_view& src, const char* op) {
-    QR_CHECK_CODE(TensorView(src).is_contiguous(), QR_STATUS_UNSUPPORTED, "float8 ", op,
-                  ": the CUDA kernels need a contiguous source, got shape ",
-                  TensorView(src).shape_str(), " with non-default strides; make it contiguous "
-                  "first (tensor.contiguous())");
-  }
-
-  void check_destination(const qr_direction_data& dd, qr_direction d, std::int64_t rows,
-                         std::int64_t cols, const qr_device& src_device) const {
-    const char* dir = d == QR_DIRECTION_ROWWISE ? "rowwise" : "columnwise";
-    const qr_direction_layout want = layout(rows, cols, d);
-    QR_CHECK(dd.data.dtype == want.data_dtype, "float8 quantize: ", dir, " data has dtype ",
-             ref::dtype_str(dd.data.dtype), " but this quantizer writes ",
-             ref::dtype_str(want.data_dtype), "; allocate it from this quantizer's layout");
-    QR_CHECK(TensorView(dd.data).numel() == rows * cols, "float8 quantize: ", dir, " data holds ",
-             TensorView(dd.data).numel(), " elements; expected ", rows * cols);
-    QR_CHECK(dd.data.data != nullptr || rows * cols == 0, "float8 quantize: ", dir,
-             " data pointer is null");
-    QR_CHECK(dd.scale_inv.data != nullptr && dd.amax.data != nullptr, "float8 quantize: ", dir,
-             " direction lacks its scale_inv or amax buffer; allocate it from the layout");
-    QR_CHECK(same_device(dd.data.device, src_device) &&
-                 same_device(dd.scale_inv.device, src_device) &&
-                 same_device(dd.amax.device, src_device),
-             "float8 quantize: the source is on ", device_str(src_device), " but the ", dir,
-             " buffers are on ", device_str(dd.data.device), "; allocate them on the source's "
-             "device");
   }
 
   // Delayed scaling: this quantize's amax joins the step's running max in history row 0.
@@ -399,9 +346,8 @@ class Float8Quantizer final : public sdk::QuantizerBase {
                            static_cast<std::uint8_t*>(dst.columnwise.data.data));
     }
     for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
-      if (!(usage & (d == QR_DIRECTION_ROWWISE ? QR_USAGE_ROWWISE : QR_USAGE_COLUMNWISE)))
-        continue;
-      qr_direction_data& dd = direction_data(dst, d);
+      if (!(usage & sdk::usage_of(d))) continue;
+      qr_direction_data& dd = sdk::direction_data(dst, d);
       *static_cast<float*>(dd.scale_inv.data) = scale_inv;
       *static_cast<float*>(dd.amax.data) = amax;
     }
@@ -410,7 +356,7 @@ class Float8Quantizer final : public sdk::QuantizerBase {
   void quantize_cuda(const qr_tensor_view& src, const qr_quantize_args& args,
                      qr_quantized_tensor& dst, bool has_given, float given) {
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
-    check_contiguous(src, "quantize");
+    sdk::require_contiguous_source(src, kFormat, "quantize");
     const std::uint32_t usage = args.usage;
     const int device = src.device.index;
     const bool rowwise = (usage & QR_USAGE_ROWWISE) != 0;
@@ -467,12 +413,11 @@ class Float8Quantizer final : public sdk::QuantizerBase {
     }
     cuda::cast_transpose(a);
 #else
-    (void)src;
+    (void)src;  // unreachable: check_quantize_call refuses CUDA sources in this build
     (void)args;
     (void)dst;
     (void)has_given;
     (void)given;
-    throw_no_cuda("quantize");
 #endif
   }
 
@@ -480,22 +425,20 @@ class Float8Quantizer final : public sdk::QuantizerBase {
                              const qr_quantize_args& args,
                              std::span<qr_quantized_tensor* const> dst) {
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
-    check_contiguous(src, "quantize_grouped");
-    const std::int64_t cols = view_cols(src);
+    sdk::require_contiguous_source(src, kFormat, "quantize_grouped");
     cuda::GroupedCastArgs a;
     a.src = src.data;
     a.src_dtype = static_cast<qr_dtype>(src.dtype);
-    a.cols = cols;
+    a.cols = view_cols(src);
     a.data_dtype = o_.dtype;
     a.groups.resize(dst.size());
-    for (std::size_t g = 0; g < dst.size(); ++g) {
-      qr_quantized_tensor& t = *dst[g];
-      const std::uint32_t usage = sdk::check_quantize_usage(args, t, "float8");
-      for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
-        if (usage & (d == QR_DIRECTION_ROWWISE ? QR_USAGE_ROWWISE : QR_USAGE_COLUMNWISE))
-          check_destination(direction_data(t, d), d, group_rows[g], cols, src.device);
-      cuda::GroupOutputs& o = a.groups[g];
-      o.rows = group_rows[g];
+    std::size_t g = 0;
+    sdk::for_each_group(src, group_rows, dst, [&](const qr_tensor_view& rows,
+                                                  qr_quantized_tensor& t) {
+      const std::uint32_t usage =
+          sdk::check_quantize_call(rows, args, t, kFormat, "quantize_grouped", *this);
+      cuda::GroupOutputs& o = a.groups[g++];
+      o.rows = rows.shape[0];
       if (usage & QR_USAGE_ROWWISE) {
         o.rowwise = static_cast<std::uint8_t*>(t.rowwise.data.data);
         o.rowwise_scale_inv = static_cast<float*>(t.rowwise.scale_inv.data);
@@ -506,7 +449,7 @@ class Float8Quantizer final : public sdk::QuantizerBase {
         o.columnwise_scale_inv = static_cast<float*>(t.columnwise.scale_inv.data);
         o.columnwise_amax = static_cast<float*>(t.columnwise.amax.data);
       }
-    }
+    });
     if (o_.scaling == Scaling::current) {
       a.fmax = ref::fp8_max(o_.dtype);
       a.pow2_scales = o_.pow2_scales;
@@ -520,11 +463,10 @@ class Float8Quantizer final : public sdk::QuantizerBase {
     a.stream = args.stream;
     cuda::quantize_grouped(a);
 #else
-    (void)src;
+    (void)src;  // unreachable: quantize_grouped refuses CUDA sources in this build
     (void)group_rows;
     (void)args;
     (void)dst;
-    throw_no_cuda("quantize_grouped");
 #endif
   }
 
@@ -555,8 +497,6 @@ constexpr qr_option_schema kSchema[] = {
                     "delayed scaling: scale = (fp8_max * 2^-margin) / amax"),
 };
 
-constexpr std::uint32_t kDevices = sdk::kBuiltDevices;
-
 }  // namespace
 }  // namespace qrecipe::float8
 
@@ -564,4 +504,4 @@ constexpr std::uint32_t kDevices = sdk::kBuiltDevices;
 
 QR_DEFINE_PLUGIN(qrecipe::float8::Float8Quantizer, "float8", "1.0.0",
                  "per-tensor FP8 (E4M3/E5M2), current or delayed scaling",
-                 qrecipe::float8::kSchema, qrecipe::float8::kDevices)
+                 qrecipe::float8::kSchema, ::qrecipe::sdk::kBuiltDevices)

@@ -2,34 +2,38 @@
 // float8_ref.cpp applied to each group alone.
 //
 // Map of this file (STYLE.md rule 11):
-//   1. the group table (kernel parameter) and the block -> group lookup
-//   2. kernels: zero the amax targets, grouped amax, grouped cast (+ transpose)
-//   3. launchers (grid arithmetic, dtype dispatch) and the entry
+//   1. the group table (kernel parameter)
+//   2. device helpers: a group's scale and scalars, its amax under delayed scaling
+//   3. kernels: zero the amax targets, grouped amax, grouped casts (rowwise chunks; cast +
+//      transpose tiles)
+//   4. launchers (table chunks, grid arithmetic, dtype dispatch) and the entry
 //
 // One launch serves every group: the groups' outputs (each expert's own buffers) and row
 // ranges travel in a table passed by value as a kernel parameter (__grid_constant__), and a
 // block finds its group by a binary search over the table's prefix sums of blocks (the "one
-// offsets computation" is done once on the host per call). Tiles never cross a group
-// boundary, so each group sees exactly the tiles a per-group launch would.
+// offsets computation" is done once on the host per call). A cast block runs the one-tensor
+// kernels' code on its group (float8_device.cuh: the rowwise chunk when only rowwise is
+// requested, else the cast + transpose tile), with the flags the one-tensor launch would
+// compute for that group alone; chunks and tiles never cross a group boundary, so each group
+// sees exactly the blocks a per-group launch would.
 //
 // Exactness: per group, amax = max |x| (NaN ignored; an exact max, so the reduction order
 // does not matter); current scaling: scale = scale_from_amax(amax, fmax, pow2, eps)
 // (scaling.hpp), delayed: the state's scale; scale_inv = 1 / scale (IEEE, --prec-div=true);
-// q = sat_rne(fp32(x) * scale) through num::fast (fast_conversions.cuh, proven equal to
-// conversions.hpp); columnwise = the transpose of the rowwise codes. The plugin is compiled
-// with -fmad=false --ftz=false (QrecipeCompileFlags.cmake), like float8_kernels.cu.
+// the codes are the one-tensor cast's. The plugin is compiled with -fmad=false --ftz=false
+// (QrecipeCompileFlags.cmake), like float8_kernels.cu.
 #include "float8_grouped_kernels.hpp"
 
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cstdint>
-#include <type_traits>
 
+#include "float8_device.cuh"
 #include "qrecipe/conversions.hpp"
 #include "qrecipe/cuda_sdk.cuh"
 #include "qrecipe/error.hpp"
-#include "qrecipe/fast_conversions.cuh"
+#include "qrecipe/plugin_sdk.hpp"
 #include "qrecipe/scaling.hpp"
 
 namespace qrecipe::float8::cuda {
@@ -37,19 +41,7 @@ namespace {
 
 constexpr const char* kFormat = "float8";  // for QR_CUDA_CHECK (cuda_sdk.cuh)
 
-using sdk::cuda::amax_of;
-using sdk::cuda::as_stream;
-using sdk::cuda::atomic_max_nonnegative;
-using sdk::cuda::BF16In;
-using sdk::cuda::block_max;
-using sdk::cuda::DeviceGuard;
-using sdk::cuda::F16In;
-using sdk::cuda::F32In;
-
-// Device-side alignment test of a pointer.
-__device__ __forceinline__ bool aligned_to(const void* p, std::size_t bytes) {
-  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
-}
+using sdk::cuda::find_group;
 
 // ---------------------------------------------------------------- 1. the group table
 
@@ -63,31 +55,34 @@ struct GroupEntry {
   float* columnwise_scale_inv;
   float* amax_main;   // the amax current scaling reduces into and reads the scale from
   float* amax_other;  // the other direction's amax buffer (both requested), or nullptr
+  // The vector paths of the group's blocks, as the one-tensor launch sets them for it alone:
+  TileFlags flags;  // cast + transpose tiles
+  bool aligned;     // rowwise chunks: source 16-byte and rowwise data 8-byte aligned
 };
 
 using GroupTable = sdk::cuda::GroupTable<GroupEntry, kMaxGroupsPerLaunch>;
-using sdk::cuda::find_group;
 
-// FP8 outputs: four scaled values to four codes in one word (element 0 in the lowest byte).
-struct E4M3Out {
-  static __device__ __forceinline__ std::uint32_t encode4(float a, float b, float c, float d) {
-    return num::fast::f32x4_to_e4m3x4(a, b, c, d);
-  }
+// What every cast block of a launch shares.
+struct CastParams {
+  std::int64_t cols;
+  unsigned tiles_per_row;  // cast + transpose tiles across a group's columns
+  float fmax;
+  bool pow2_scales;
+  float amax_epsilon;
+  const float* delayed_scale;  // nullptr: current scaling
+  float* history_row0;         // delayed scaling: every group's amax joins it
 };
-struct E5M2Out {
-  static __device__ __forceinline__ std::uint32_t encode4(float a, float b, float c, float d) {
-    return num::fast::f32x4_to_e5m2x4(a, b, c, d);
-  }
-};
+
+// ---------------------------------------------------------------- 2. device helpers
 
 // Loads src[offset .. offset + 4), `valid` of them (the rest read as +0, which changes no
-// amax and whose codes are never stored); one vector load when all 4 exist and are aligned.
+// amax); one vector load when all 4 exist and are aligned.
 template <class In>
 __device__ __forceinline__ void load4(const typename In::Storage* src, std::int64_t offset,
                                       int valid, float (&x)[4]) {
   using Storage = typename In::Storage;
   const Storage* p = src + offset;
-  if (valid == 4 && aligned_to(p, 4 * sizeof(Storage))) {
+  if (valid == 4 && is_aligned(p, 4 * sizeof(Storage))) {
     if constexpr (sizeof(Storage) == 4) {
       const uint4 v = *reinterpret_cast<const uint4*>(p);
       x[0] = In::to_f32(__uint_as_float(v.x));
@@ -107,7 +102,39 @@ __device__ __forceinline__ void load4(const typename In::Storage* src, std::int6
   for (int k = 0; k < 4; ++k) x[k] = k < valid ? In::to_f32(p[k]) : 0.0f;
 }
 
-// ---------------------------------------------------------------- 2. kernels
+// The group's scale (current scaling: from its amax, which the amax launch before left in
+// amax_main; delayed: the state's), and, in its first block, its scale_inv = 1 / scale and the
+// amax copy of its other direction.
+__device__ __forceinline__ float group_scale(const CastParams& p, const GroupEntry& e,
+                                             std::int64_t local) {
+  const bool current = p.delayed_scale == nullptr;
+  const float scale = current ? scale_from_amax(*e.amax_main, p.fmax, p.pow2_scales,
+                                                p.amax_epsilon)
+                              : *p.delayed_scale;
+  if (local == 0 && threadIdx.x == 0) {
+    const float scale_inv = 1.0f / scale;
+    if (e.rowwise_scale_inv) *e.rowwise_scale_inv = scale_inv;
+    if (e.columnwise_scale_inv) *e.columnwise_scale_inv = scale_inv;
+    if (current && e.amax_other) *e.amax_other = *e.amax_main;  // both directions store it
+  }
+  return scale;
+}
+
+// Delayed scaling observes the amax while it casts: the block's amax joins the group's amax
+// buffers and the history row 0. Block-uniform (every thread calls it).
+template <int kThreads>
+__device__ __forceinline__ void observe_group_amax(const CastParams& p, const GroupEntry& e,
+                                                   float running) {
+  if (p.delayed_scale == nullptr) return;
+  const float block = block_max<kThreads>(running);
+  if (threadIdx.x == 0 && block > 0.0f) {
+    if (e.amax_main) atomic_max_nonnegative(e.amax_main, block);
+    if (e.amax_other) atomic_max_nonnegative(e.amax_other, block);
+    if (p.history_row0) atomic_max_nonnegative(p.history_row0, block);
+  }
+}
+
+// ---------------------------------------------------------------- 3. kernels
 
 // Every group's amax targets start at +0 (a requantization finds old values there).
 __global__ void zero_amax_kernel(const __grid_constant__ GroupTable table) {
@@ -151,124 +178,47 @@ __global__ void __launch_bounds__(kAmaxThreads)
   if (threadIdx.x == 0 && block > 0.0f) atomic_max_nonnegative(e.amax_main, block);
 }
 
-// Grouped cast (+ transpose): one block per kTile x kTile tile of one group (an empty group
-// gets one block, which only writes its scalars).
-// Phase 1: thread (cq, rq) = (t % 16, t / 16) loads 4 columns x kTile/16 rows, encodes them,
-// stores the rowwise codes (one word per 4 codes when aligned) and parks the words in the
-// shared tile. Phase 2 (columnwise requested): thread (c, seg) = (t / 4, t % 4) gathers 16
-// consecutive rows of tile column c and stores them as one 16-byte run of the group's
-// columnwise [cols, rows] output (bytewise at ragged edges or unaligned outputs).
-constexpr int kCastThreads = 256;
-constexpr int kTile = 64;
-constexpr int kColQuads = kTile / 4;                   // 16 threads across a tile row
-constexpr int kRowsPerPass = kCastThreads / kColQuads;  // 16
-constexpr int kPasses = kTile / kRowsPerPass;           // 4
-constexpr int kTileWordsPerRow = kTile / 4 + 1;         // +1 word of padding against conflicts
-static_assert(kCastThreads == kTile * 4, "phase 2: four threads (16 rows each) per column");
-
-struct CastParams {
-  std::int64_t cols;
-  std::int64_t tiles_per_row;
-  float fmax;
-  bool pow2_scales;
-  float amax_epsilon;
-  const float* delayed_scale;  // nullptr: current scaling
-  float* history_row0;         // delayed scaling: every group's amax joins it
-};
-
-template <class In, class Out>
-__global__ void __launch_bounds__(kCastThreads)
-    grouped_cast_kernel(const typename In::Storage* __restrict__ src, const CastParams p,
-                        const __grid_constant__ GroupTable table) {
-  __shared__ std::uint32_t tile[kTile][kTileWordsPerRow];
-  const int g = find_group(table, blockIdx.x);
-  const GroupEntry& e = table.group[g];
+// Grouped rowwise cast (rowwise requested alone): block b casts chunk b - first_block of its
+// group, flat, with the code of the one-tensor cast_rowwise_kernel. An empty group gets one
+// block, which only writes its scalars.
+template <class In, class Out, int kUnits>
+__global__ void __launch_bounds__(kRowwiseThreads)
+    grouped_cast_rowwise_kernel(const typename In::Storage* __restrict__ src, const CastParams p,
+                                const __grid_constant__ GroupTable table) {
+  const GroupEntry& e = table.group[find_group(table, blockIdx.x)];
   const std::int64_t local = static_cast<std::int64_t>(blockIdx.x) - e.first_block;
-  const std::int64_t row0 = (local / p.tiles_per_row) * kTile;
-  const std::int64_t col0 = (local % p.tiles_per_row) * kTile;
-  const bool current = p.delayed_scale == nullptr;
-  const float scale = current ? scale_from_amax(*e.amax_main, p.fmax, p.pow2_scales,
-                                                p.amax_epsilon)
-                              : *p.delayed_scale;
-  if (local == 0 && threadIdx.x == 0) {
-    const float scale_inv = 1.0f / scale;
-    if (e.rowwise_scale_inv) *e.rowwise_scale_inv = scale_inv;
-    if (e.columnwise_scale_inv) *e.columnwise_scale_inv = scale_inv;
-    if (current && e.amax_other) *e.amax_other = *e.amax_main;  // both directions store it
-  }
-
-  // Phase 1.
-  const int cq = static_cast<int>(threadIdx.x) % kColQuads;
-  const int rq = static_cast<int>(threadIdx.x) / kColQuads;
-  const std::int64_t c = col0 + 4 * cq;
-  const std::int64_t left_cols = p.cols - c;
-  const int valid_cols = left_cols <= 0 ? 0 : (left_cols >= 4 ? 4 : static_cast<int>(left_cols));
   const typename In::Storage* base = src + e.row_offset * p.cols;
-  float x[kPasses][4];
-#pragma unroll
-  for (int pass = 0; pass < kPasses; ++pass) {  // every load issued before any is used
-    const std::int64_t r = row0 + pass * kRowsPerPass + rq;
-    load4<In>(base, r * p.cols + c, r < e.rows ? valid_cols : 0, x[pass]);
-  }
-  float running = 0.0f;
-#pragma unroll
-  for (int pass = 0; pass < kPasses; ++pass) {
-    const int tr = pass * kRowsPerPass + rq;
-    const std::int64_t r = row0 + tr;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) running = amax_of(running, x[pass][k]);
-    const std::uint32_t word = Out::encode4(x[pass][0] * scale, x[pass][1] * scale,
-                                            x[pass][2] * scale, x[pass][3] * scale);
-    tile[tr][cq] = word;
-    if (e.rowwise != nullptr && r < e.rows && valid_cols > 0) {
-      std::uint8_t* out = e.rowwise + r * p.cols + c;
-      if (valid_cols == 4 && aligned_to(out, 4)) {
-        *reinterpret_cast<std::uint32_t*>(out) = word;
-      } else {
-        for (int k = 0; k < valid_cols; ++k) out[k] = static_cast<std::uint8_t>(word >> (8 * k));
-      }
-    }
-  }
-
-  // Delayed scaling observes the amax while it casts: the group's amax buffers and row 0.
-  if (!current) {
-    const float block = block_max<kCastThreads>(running);  // contains __syncthreads
-    if (threadIdx.x == 0 && block > 0.0f) {
-      if (e.amax_main) atomic_max_nonnegative(e.amax_main, block);
-      if (e.amax_other) atomic_max_nonnegative(e.amax_other, block);
-      if (p.history_row0) atomic_max_nonnegative(p.history_row0, block);
-    }
-  }
-  if (e.columnwise == nullptr) return;
-  __syncthreads();
-
-  // Phase 2: columnwise[gc][row0 + 16 seg ..] = codes of tile column tc.
-  const int tc = static_cast<int>(threadIdx.x) / 4;
-  const int seg = static_cast<int>(threadIdx.x) % 4;
-  const std::int64_t gc = col0 + tc;
-  if (gc >= p.cols) return;
-  const std::int64_t r_first = row0 + 16 * seg;
-  const std::int64_t left_rows = e.rows - r_first;
-  if (left_rows <= 0) return;
-  const int valid_rows = left_rows >= 16 ? 16 : static_cast<int>(left_rows);
-  std::uint32_t words[4] = {0, 0, 0, 0};
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const std::uint32_t code = (tile[16 * seg + i][tc / 4] >> (8 * (tc % 4))) & 0xFFu;
-    words[i / 4] |= code << (8 * (i % 4));
-  }
-  std::uint8_t* out = e.columnwise + gc * e.rows + r_first;
-  if (valid_rows == 16 && aligned_to(out, 16)) {
-    *reinterpret_cast<uint4*>(out) = make_uint4(words[0], words[1], words[2], words[3]);
-  } else {
-    for (int i = 0; i < valid_rows; ++i)
-      out[i] = static_cast<std::uint8_t>(words[i / 4] >> (8 * (i % 4)));
-  }
+  const RowwiseChunk k = rowwise_chunk<In, kUnits>(local, e.rows * p.cols, e.aligned);
+  uint4 raw[kUnits][kUnit / In::kPerVector];
+  load_rowwise_chunk<In, kUnits>(base, k, raw);
+  const float scale = group_scale(p, e, local);
+  const float running = cast_rowwise_chunk<In, Out, kUnits>(base, k, scale, raw, e.rowwise);
+  observe_group_amax<kRowwiseThreads>(p, e, running);
 }
 
-// ---------------------------------------------------------------- 3. launchers, entry
+// Grouped cast + transpose (columnwise requested; rowwise optional): block b casts tile
+// b - first_block of its group with the code of the one-tensor cast_transpose_kernel. An
+// empty group gets one block, which only writes its scalars.
+template <class In, class Out>
+__global__ void __launch_bounds__(TileShape<In>::kThreads, TileShape<In>::kMinBlocksPerSm)
+    grouped_cast_transpose_kernel(const typename In::Storage* __restrict__ src,
+                                  const CastParams p, const __grid_constant__ GroupTable table) {
+  using T = TileShape<In>;
+  __shared__ alignas(16) std::uint32_t tile[T::kCols][T::kWordsPerCol];
+  const GroupEntry& e = table.group[find_group(table, blockIdx.x)];
+  const std::int64_t local = static_cast<std::int64_t>(blockIdx.x) - e.first_block;
+  const typename In::Storage* base = src + e.row_offset * p.cols;
+  const CastTile at =
+      cast_tile<In>(static_cast<unsigned>(local), p.tiles_per_row, e.rows, p.cols, e.flags);
+  uint4 raw[T::kPasses][T::kMicroRows];
+  load_cast_tile<In>(base, p.cols, at, raw);
+  const float scale = group_scale(p, e, local);
+  const float running = cast_transpose_tile<In, Out>(base, e.rows, p.cols, at, scale, raw,
+                                                     e.rowwise, e.columnwise, e.flags, tile);
+  observe_group_amax<T::kThreads>(p, e, running);
+}
 
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+// ---------------------------------------------------------------- 4. launchers, entry
 
 unsigned grid_of(std::int64_t blocks, const char* kernel) {
   QR_CHECK(blocks <= INT_MAX, "float8 grouped ", kernel, ": ", blocks, " blocks; at most ",
@@ -279,16 +229,24 @@ unsigned grid_of(std::int64_t blocks, const char* kernel) {
 template <class In, class Out>
 void launch_chunk(const GroupedCastArgs& a, GroupTable& table, cudaStream_t stream) {
   using Storage = typename In::Storage;
+  using T = TileShape<In>;
   const auto* src = static_cast<const Storage*>(a.src);
+  const bool columnwise = table.group[0].columnwise_scale_inv != nullptr;
+  // Each group's vector paths, as launch_rowwise / launch_cast_transpose of float8_kernels.cu
+  // set them for the group alone.
+  for (int g = 0; g < table.count; ++g) {
+    GroupEntry& e = table.group[g];
+    const Storage* group_src = src + e.row_offset * a.cols;
+    e.aligned = is_aligned(group_src, 16) && is_aligned(e.rowwise, 8);
+    e.flags.vector_rows = is_aligned(group_src, 16) && a.cols % T::kVector == 0 &&
+                          (e.rowwise == nullptr || is_aligned(e.rowwise, T::kVector));
+    e.flags.vector_columns = is_aligned(e.columnwise, 16) && e.rows % 16 == 0;
+  }
   zero_amax_kernel<<<1, kMaxGroupsPerLaunch, 0, stream>>>(table);
   QR_CUDA_CHECK_LAUNCH("zero_amax_kernel");
-  const bool current = a.delayed_scale == nullptr;
-  if (current) {  // one amax launch for every group of the chunk
-    std::int64_t blocks = 0;
-    for (int g = 0; g < table.count; ++g) {
-      table.group[g].first_block = blocks;
-      blocks += ceil_div(table.group[g].rows * a.cols, kAmaxChunk);
-    }
+  if (a.delayed_scale == nullptr) {  // current scaling: one amax launch for the chunk
+    const std::int64_t blocks = table.assign_first_blocks(
+        [&](const GroupEntry& e) { return ceil_div(e.rows * a.cols, kAmaxChunk); });
     if (blocks > 0) {
       grouped_amax_kernel<In><<<grid_of(blocks, "amax"), kAmaxThreads, 0, stream>>>(
           src, a.cols, table);
@@ -297,21 +255,32 @@ void launch_chunk(const GroupedCastArgs& a, GroupTable& table, cudaStream_t stre
   }
   CastParams p{};
   p.cols = a.cols;
-  p.tiles_per_row = a.cols == 0 ? 1 : ceil_div(a.cols, kTile);
+  p.tiles_per_row = static_cast<unsigned>(a.cols == 0 ? 1 : ceil_div(a.cols, T::kCols));
   p.fmax = a.fmax;
   p.pow2_scales = a.pow2_scales;
   p.amax_epsilon = a.amax_epsilon;
   p.delayed_scale = a.delayed_scale;
   p.history_row0 = a.history_row0;
-  std::int64_t blocks = 0;
-  for (int g = 0; g < table.count; ++g) {  // at least one block per group (its scalars)
-    table.group[g].first_block = blocks;
-    const std::int64_t tiles = ceil_div(table.group[g].rows, kTile) * p.tiles_per_row;
-    blocks += tiles < 1 ? 1 : tiles;
+  // At least one block per group (its scalars).
+  if (columnwise) {
+    const std::int64_t blocks = table.assign_first_blocks([&](const GroupEntry& e) {
+      const std::int64_t tiles = ceil_div(e.rows, T::kRows) * p.tiles_per_row;
+      return tiles < 1 ? std::int64_t{1} : tiles;
+    });
+    grouped_cast_transpose_kernel<In, Out>
+        <<<grid_of(blocks, "cast"), T::kThreads, 0, stream>>>(src, p, table);
+    QR_CUDA_CHECK_LAUNCH("grouped_cast_transpose_kernel");
+  } else {
+    constexpr int kUnits = kRowwiseUnits<In>;
+    constexpr std::int64_t kChunk = std::int64_t{kRowwiseThreads} * kUnits * kUnit;
+    const std::int64_t blocks = table.assign_first_blocks([&](const GroupEntry& e) {
+      const std::int64_t chunks = ceil_div(e.rows * a.cols, kChunk);
+      return chunks < 1 ? std::int64_t{1} : chunks;
+    });
+    grouped_cast_rowwise_kernel<In, Out, kUnits>
+        <<<grid_of(blocks, "cast"), kRowwiseThreads, 0, stream>>>(src, p, table);
+    QR_CUDA_CHECK_LAUNCH("grouped_cast_rowwise_kernel");
   }
-  grouped_cast_kernel<In, Out><<<grid_of(blocks, "cast"), kCastThreads, 0, stream>>>(src, p,
-                                                                                   table);
-  QR_CUDA_CHECK_LAUNCH("grouped_cast_kernel");
 }
 
 template <class In>
@@ -323,10 +292,7 @@ void dispatch_out(const GroupedCastArgs& a, GroupTable& table, cudaStream_t stre
 }  // namespace
 
 void quantize_grouped(const GroupedCastArgs& a) {
-  QR_CHECK(a.src_dtype == QR_DTYPE_F32 || a.src_dtype == QR_DTYPE_BF16 ||
-               a.src_dtype == QR_DTYPE_F16,
-           "float8 CUDA quantize_grouped: source dtype code ", static_cast<int>(a.src_dtype),
-           " is not f32, bf16 or f16");
+  sdk::cuda::check_source_dtype(a.src_dtype, kFormat, "quantize_grouped");
   QR_CHECK(a.data_dtype == QR_DTYPE_E4M3 || a.data_dtype == QR_DTYPE_E5M2,
            "float8 CUDA quantize_grouped: data dtype code ", static_cast<int>(a.data_dtype),
            " is not e4m3 or e5m2");
@@ -354,14 +320,10 @@ void quantize_grouped(const GroupedCastArgs& a) {
   DeviceGuard guard(a.device_index, kFormat);
   const cudaStream_t stream = as_stream(a.stream);
   std::int64_t row = 0;
-  for (std::size_t first = 0; first < a.groups.size(); first += kMaxGroupsPerLaunch) {
-    GroupTable table{};
-    const std::size_t n = a.groups.size() - first < static_cast<std::size_t>(kMaxGroupsPerLaunch)
-                              ? a.groups.size() - first
-                              : static_cast<std::size_t>(kMaxGroupsPerLaunch);
-    table.count = static_cast<int>(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      const GroupOutputs& o = a.groups[first + i];
+  sdk::cuda::for_each_group_chunk<GroupTable>(a.groups.size(), [&](GroupTable& table,
+                                                                   std::size_t first) {
+    for (int i = 0; i < table.count; ++i) {
+      const GroupOutputs& o = a.groups[first + static_cast<std::size_t>(i)];
       GroupEntry& e = table.group[i];
       e.rows = o.rows;
       e.row_offset = row;
@@ -378,7 +340,7 @@ void quantize_grouped(const GroupedCastArgs& a) {
       case QR_DTYPE_BF16: dispatch_out<BF16In>(a, table, stream); break;
       default: dispatch_out<F16In>(a, table, stream); break;
     }
-  }
+  });
 }
 
 }  // namespace qrecipe::float8::cuda

@@ -2,12 +2,13 @@
 //
 // Map of this file (STYLE.md rule 11: helpers, kernels, launchers, entries):
 //   1. error checking, device guard, launch sizes (resident blocks per device and kernel),
-//      launches that overlap the previous kernel (PDL), scratch memory for the amax pass
-//   2. element traits: input dtypes (16-byte vector decode), FP8 outputs (hardware encode)
-//   3. device helpers: loads / stores, grid dependency control, scale, block max,
-//      atomic max, 4x4 byte transpose, tile swizzle
-//   4. kernels: amax, rowwise cast (flat), cast + transpose (tiles), dequantize, scalars
-//   5. launchers (grid arithmetic, dtype dispatch) and the entries of float8_kernels.hpp
+//      launches that overlap the previous kernel (PDL), the memory pool of the amax pass's
+//      scratch (sdk::cuda::StreamScratch)
+//   2. device helpers of the one-tensor kernels: grid dependency control, the cast's scale
+//      and scalars, the block amax (the element traits, loads / stores and the cast tiles
+//      are float8_device.cuh's, shared with the grouped kernels)
+//   3. kernels: amax, rowwise cast (flat chunks), cast + transpose (tiles), dequantize, scalars
+//   4. launchers (grid arithmetic, dtype dispatch) and the entries of float8_kernels.hpp
 //
 // Exactness: FP8 rounding goes through qrecipe::num::fast (fast_conversions.cuh: the hardware
 // conversion with the reference's NaN rule, proven equal to conversions.hpp over all 2^32
@@ -44,11 +45,12 @@
 #include <climits>
 #include <cstdint>
 #include <map>
-#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "float8_device.cuh"
 #include "qrecipe/conversions.hpp"
 #include "qrecipe/cuda_sdk.cuh"
 #include "qrecipe/error.hpp"
@@ -63,13 +65,7 @@ namespace {
 constexpr const char* kFormat = "float8";  // for QR_CUDA_CHECK (cuda_sdk.cuh)
 
 // Shared helpers (qrecipe/cuda_sdk.cuh).
-using sdk::cuda::DeviceGuard;
-using sdk::cuda::amax_of;
-using sdk::cuda::as_stream;
-using sdk::cuda::atomic_max_nonnegative;
-using sdk::cuda::block_max;
 using sdk::cuda::check_cuda;
-using sdk::cuda::is_aligned;
 
 int current_device() {
   int device = 0;
@@ -154,96 +150,7 @@ cudaMemPool_t scratch_pool(int device) {
   return pool;
 }
 
-// `count` floats of stream-ordered scratch, freed (stream-ordered) on every path.
-class StreamScratch {
- public:
-  StreamScratch(std::size_t count, cudaStream_t stream) : stream_(stream) {
-    QR_CUDA_CHECK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&ptr_),
-                                          count * sizeof(float), scratch_pool(current_device()),
-                                          stream));
-  }
-  ~StreamScratch() {
-    if (ptr_) cudaFreeAsync(ptr_, stream_);
-  }
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  float* get() const { return ptr_; }
-
- private:
-  float* ptr_ = nullptr;
-  cudaStream_t stream_;
-};
-
-// ---------------------------------------------------------------- 2. element traits
-
-// Input element types: storage, elements per 16-byte vector, and exact widening to FP32 (the
-// reference's load_f32) for one element and for a whole vector.
-struct F32In {
-  using Storage = float;
-  static constexpr int kPerVector = 4;
-  static __device__ __forceinline__ float to_f32(Storage v) { return v; }
-  static __device__ __forceinline__ void decode(const uint4& v, float (&x)[kPerVector]) {
-    x[0] = __uint_as_float(v.x);
-    x[1] = __uint_as_float(v.y);
-    x[2] = __uint_as_float(v.z);
-    x[3] = __uint_as_float(v.w);
-  }
-};
-struct BF16In {
-  using Storage = std::uint16_t;
-  static constexpr int kPerVector = 8;
-  static __device__ __forceinline__ float to_f32(Storage v) { return num::bf16_to_f32(v); }
-  static __device__ __forceinline__ void decode(const uint4& v, float (&x)[kPerVector]) {
-    num::fast::bf16x2_to_f32x2(v.x, x[0], x[1]);
-    num::fast::bf16x2_to_f32x2(v.y, x[2], x[3]);
-    num::fast::bf16x2_to_f32x2(v.z, x[4], x[5]);
-    num::fast::bf16x2_to_f32x2(v.w, x[6], x[7]);
-  }
-};
-struct F16In {
-  using Storage = std::uint16_t;
-  static constexpr int kPerVector = 8;
-  static __device__ __forceinline__ float to_f32(Storage v) { return num::fast::f16_to_f32(v); }
-  static __device__ __forceinline__ void decode(const uint4& v, float (&x)[kPerVector]) {
-    num::fast::f16x2_to_f32x2(v.x, x[0], x[1]);
-    num::fast::f16x2_to_f32x2(v.y, x[2], x[3]);
-    num::fast::f16x2_to_f32x2(v.z, x[4], x[5]);
-    num::fast::f16x2_to_f32x2(v.w, x[6], x[7]);
-  }
-};
-
-// FP8 data types: the reference's encode (hardware fast path, same bytes) and decode.
-struct E4M3Out {
-  static __device__ __forceinline__ std::uint32_t encode4(float a, float b, float c, float d) {
-    return num::fast::f32x4_to_e4m3x4(a, b, c, d);
-  }
-  static __device__ __forceinline__ std::uint8_t encode1(float x) {
-    return static_cast<std::uint8_t>(num::fast::f32x2_to_e4m3x2(x, 0.0f) & 0xFFu);
-  }
-  static __device__ __forceinline__ float decode(std::uint8_t c) { return num::e4m3_to_f32(c); }
-};
-struct E5M2Out {
-  static __device__ __forceinline__ std::uint32_t encode4(float a, float b, float c, float d) {
-    return num::fast::f32x4_to_e5m2x4(a, b, c, d);
-  }
-  static __device__ __forceinline__ std::uint8_t encode1(float x) {
-    return static_cast<std::uint8_t>(num::fast::f32x2_to_e5m2x2(x, 0.0f) & 0xFFu);
-  }
-  static __device__ __forceinline__ float decode(std::uint8_t c) { return num::e5m2_to_f32(c); }
-};
-
-// ---------------------------------------------------------------- 3. device helpers
-
-// One 16-byte global load / store and 8- / 4-byte code stores (the caller guarantees the
-// alignment).
-__device__ __forceinline__ uint4 load16(const void* p) { return *static_cast<const uint4*>(p); }
-__device__ __forceinline__ void store16(void* p, const uint4& v) { *static_cast<uint4*>(p) = v; }
-__device__ __forceinline__ void store8(void* p, std::uint32_t lo, std::uint32_t hi) {
-  *static_cast<uint2*>(p) = make_uint2(lo, hi);
-}
-__device__ __forceinline__ void store4(void* p, std::uint32_t word) {
-  *static_cast<std::uint32_t*>(p) = word;
-}
+// ---------------------------------------------------------------- 2. device helpers
 
 // Programmatic dependent launch (sm_90; no-ops below, where launches never overlap).
 // Lets the next kernel in the stream, if launched with PDL, start its blocks now (they still
@@ -259,17 +166,6 @@ __device__ __forceinline__ void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-}
-
-// N scaled elements -> N codes in N / 4 little-endian words (element 0 in the lowest byte).
-template <class Out, int N>
-__device__ __forceinline__ void encode_words(const float (&x)[N], float scale,
-                                             std::uint32_t (&words)[N / 4]) {
-  static_assert(N % 4 == 0, "codes are packed four to a word");
-#pragma unroll
-  for (int w = 0; w < N / 4; ++w)
-    words[w] = Out::encode4(x[4 * w] * scale, x[4 * w + 1] * scale, x[4 * w + 2] * scale,
-                            x[4 * w + 3] * scale);
 }
 
 // The most amax targets a cast can have: CastTransposeArgs::amax_accumulate (3) and
@@ -353,23 +249,7 @@ __device__ __forceinline__ void accumulate_block_amax(const CastScalars& s, floa
     if (s.amax_accumulate[i]) atomic_max_nonnegative(s.amax_accumulate[i], block);
 }
 
-// Transposes a 4x4 byte matrix held as 4 words (word i = row i, byte j = column j) into
-// 4 words (word j = column j, byte i = row i). __byte_perm(x, y, s): result byte n is byte
-// (s >> 4n) & 7 of the 8 bytes {x, y}.
-__device__ __forceinline__ void transpose_4x4_bytes(std::uint32_t r0, std::uint32_t r1,
-                                                    std::uint32_t r2, std::uint32_t r3,
-                                                    std::uint32_t (&col)[4]) {
-  const std::uint32_t t0 = __byte_perm(r0, r1, 0x5140);  // r0.0 r1.0 r0.1 r1.1
-  const std::uint32_t t1 = __byte_perm(r0, r1, 0x7362);  // r0.2 r1.2 r0.3 r1.3
-  const std::uint32_t t2 = __byte_perm(r2, r3, 0x5140);  // r2.0 r3.0 r2.1 r3.1
-  const std::uint32_t t3 = __byte_perm(r2, r3, 0x7362);  // r2.2 r3.2 r2.3 r3.3
-  col[0] = __byte_perm(t0, t2, 0x5410);                  // r0.0 r1.0 r2.0 r3.0
-  col[1] = __byte_perm(t0, t2, 0x7632);                  // r0.1 r1.1 r2.1 r3.1
-  col[2] = __byte_perm(t1, t3, 0x5410);                  // r0.2 r1.2 r2.2 r3.2
-  col[3] = __byte_perm(t1, t3, 0x7632);                  // r0.3 r1.3 r2.3 r3.3
-}
-
-// ---------------------------------------------------------------- 4. kernels
+// ---------------------------------------------------------------- 3. kernels
 
 // amax: grid-stride over 16-byte vectors, kAmaxUnroll loads in flight per thread (all issued
 // before any is used), a block max, then either one atomic per block into *amax_out (zeroed
@@ -418,180 +298,30 @@ __global__ void __launch_bounds__(kAmaxThreads)
   else if (block > 0.0f) atomic_max_nonnegative(amax_out, block);
 }
 
-// Rowwise cast of a contiguous tensor, as a flat array of 8-element units (one 16-byte load,
-// two for f32; one 8-byte store of codes): a warp's load covers 512 (f32: 1024) contiguous
-// bytes and its store 256, whole lines. One chunk of kRowwiseThreads x kRowwiseUnits units
-// per block (32 KiB of input, like a tile of the transpose kernel), not a persistent grid: the
-// hardware hands chunks to SMs as blocks retire, so the faster SMs take more of them (a
-// persistent grid-stride version ran 8-10% slower on an H100).
-constexpr int kRowwiseThreads = 256;
-constexpr int kUnit = 8;           // elements per unit
-// Units per thread, all loads issued before the first use: 128 bytes of input in flight
-// (8 units of bf16/f16, 4 of f32).
-template <class In>
-constexpr int kRowwiseUnits = In::kPerVector == 4 ? 4 : 8;
-
-// 8 elements of one unit, loaded as kLoads 16-byte vectors, to FP32.
-template <class In>
-__device__ __forceinline__ void decode_unit(const uint4 (&raw)[kUnit / In::kPerVector],
-                                            float (&x)[kUnit]) {
-#pragma unroll
-  for (int l = 0; l < kUnit / In::kPerVector; ++l) {
-    float part[In::kPerVector];
-    In::decode(raw[l], part);
-#pragma unroll
-    for (int k = 0; k < In::kPerVector; ++k) x[l * In::kPerVector + k] = part[k];
-  }
-}
-
-// Block b casts chunk b (reverse: the b-th from the end): all kUnits loads of a thread
-// (unit u of the chunk at u * kRowwiseThreads + thread) go out before the wait for the kernel
-// this launch overlaps (the input is never written by it), then are decoded and stored. The
-// ragged end (and unaligned data) goes element by element.
+// Rowwise cast (rowwise requested alone): block b casts chunk b of the flat tensor
+// (float8_device.cuh rowwise chunks; reverse: the b-th from the end). All loads of a thread go
+// out before the wait for the kernel this launch overlaps (the input is never written by it),
+// then are decoded and stored.
 template <class In, class Out, int kUnits>
 __global__ void __launch_bounds__(kRowwiseThreads)
     cast_rowwise_kernel(const typename In::Storage* __restrict__ src, std::int64_t numel,
                       bool aligned, bool reverse, std::uint8_t* __restrict__ dst,
                       const CastScalars s) {
-  constexpr int kLoads = kUnit / In::kPerVector;
-  constexpr std::int64_t kChunk = std::int64_t{kRowwiseThreads} * kUnits * kUnit;  // elements
   const std::int64_t chunk = reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const std::int64_t begin = chunk * kChunk;
-  const std::int64_t end = begin + kChunk < numel ? begin + kChunk : numel;
-  const std::int64_t units = aligned ? numel / kUnit : 0;  // units of the whole tensor
-  const int t = static_cast<int>(threadIdx.x);
-
-  uint4 raw[kUnits][kLoads];
-#pragma unroll
-  for (int u = 0; u < kUnits; ++u) {
-    const std::int64_t i = begin / kUnit + u * kRowwiseThreads + t;
-    if (i < units) {
-#pragma unroll
-      for (int l = 0; l < kLoads; ++l) raw[u][l] = load16(src + i * kUnit + l * In::kPerVector);
-    }
-  }
+  const RowwiseChunk k = rowwise_chunk<In, kUnits>(chunk, numel, aligned);
+  uint4 raw[kUnits][kUnit / In::kPerVector];
+  load_rowwise_chunk<In, kUnits>(src, k, raw);
   if (s.scale_waits) grid_dependency_wait();
   float tensor_amax;
   const float scale = cast_scale(s, tensor_amax);
   write_block_zero_scalars(s, scale, tensor_amax);
-
-  float running = 0.0f;
-#pragma unroll
-  for (int u = 0; u < kUnits; ++u) {
-    const std::int64_t i = begin / kUnit + u * kRowwiseThreads + t;
-    if (i < units) {
-      float x[kUnit];
-      decode_unit<In>(raw[u], x);
-#pragma unroll
-      for (int k = 0; k < kUnit; ++k) running = amax_of(running, x[k]);
-      std::uint32_t words[kUnit / 4];
-      encode_words<Out, kUnit>(x, scale, words);
-      store8(dst + i * kUnit, words[0], words[1]);
-    }
-  }
-  // Elements of this chunk that no unit covered: the last numel % kUnit, or all (unaligned).
-  const std::int64_t first_single = units * kUnit > begin ? units * kUnit : begin;
-  for (std::int64_t e = first_single + t; e < end; e += kRowwiseThreads) {
-    const float x = In::to_f32(src[e]);
-    running = amax_of(running, x);
-    dst[e] = Out::encode1(x * scale);
-  }
+  const float running = cast_rowwise_chunk<In, Out, kUnits>(src, k, scale, raw, dst);
   accumulate_block_amax<kRowwiseThreads>(s, running);
 }
 
-// Fused cast + transpose over kRows x kCols tiles of the [rows, cols] input, one tile per
-// block (columnwise requested; rowwise optional). One tile per block rather than a persistent
-// grid for the same reason as the rowwise chunks (the persistent version ran ~10% slower).
-// `reverse`: block b takes the b-th tile from the end.
-//
-// Phase 1: thread (tx, ty) owns micro-tiles of kMicroRows rows x kVector columns: per row one
-// 16-byte load (all kPasses x kMicroRows loads issued first, before the wait for the kernel
-// this launch overlaps), the codes of a row go out as one kVector-byte rowwise store, and each
-// 4x4 block of codes is transposed in registers into 4 words (4 consecutive rows of one
-// column) stored in the shared tile, which holds the tile transposed: tile[c] is the kRows
-// codes of column c, as kRows / 4 words.
-// Phase 2: each thread copies 16-byte runs of tile[c] (16 consecutive rows of column c) to
-// the columnwise output [cols, rows]: 8 threads write one 128-byte run per tile column.
-//
-// Bank conflicts: a phase-1 store instruction of a warp writes word q = pass * 16 + ty of 32
-// different columns (tx = 0..15, two values of ty). Unpadded rows of 32 words would put all
-// of them in one bank; the word is therefore stored at q ^ swizzle(c) with swizzle(c) =
-// 2 * (c / kVector) = 2 * tx: (q ^ 2tx) takes 32 distinct values over the warp (2tx is even
-// and distinct per tx, the two ty differ in bit 0), so stores are conflict-free. Phase 2 reads
-// a whole 16-byte group: logical group g sits at physical group g ^ (swizzle >> 2), with its
-// words in the order (2, 3, 0, 1) when bit 1 of the swizzle is set; 8 consecutive threads
-// read the 8 groups of one column, conflict-free.
-template <class In>
-struct TileShape {
-  static constexpr int kVector = In::kPerVector;                // elements per 16-byte load
-  static constexpr int kThreads = 256;
-  static constexpr int kMinBlocksPerSm = 4;                     // registers <= 64
-  static constexpr int kThreadsX = 16;                          // across a tile row
-  static constexpr int kThreadsY = kThreads / kThreadsX;        // 16
-  static constexpr int kCols = kThreadsX * kVector;             // 64 (f32) or 128: 256 bytes
-  static constexpr int kMicroRows = 4;                          // one 4x4 byte transpose
-  static constexpr int kRowsPerPass = kThreadsY * kMicroRows;   // 64
-  static constexpr int kPasses = 2;
-  static constexpr int kRows = kRowsPerPass * kPasses;          // 128: 128-byte output runs
-  static constexpr int kWordsPerCol = kRows / 4;                // 32 words per tile column
-  static constexpr int kGroupsPerCol = kRows / 16;              // 8 16-byte runs per column
-  static constexpr int kColsPerStorePass = kThreads / kGroupsPerCol;  // 32
-  static constexpr int kStorePasses = kCols / kColsPerStorePass;      // 2 (f32) or 4
-  // Shared tile: kCols x kRows codes = 8 KiB (f32) or 16 KiB.
-  static_assert(kThreads % kThreadsX == 0 && kVector % 4 == 0, "whole 4x4 transposes");
-  static_assert(kWordsPerCol == 32, "one tile column is one 128-byte row of 32 banks");
-  static_assert(2 * (kThreadsX - 1) < kWordsPerCol, "the swizzle stays inside a column row");
-  static_assert(kThreadsY * kPasses == kRows / kMicroRows, "phase-1 passes cover the rows");
-  static_assert(kThreads % kGroupsPerCol == 0 && kCols % kColsPerStorePass == 0,
-                "phase-2 passes cover the columns");
-  static __device__ __forceinline__ int swizzle(int col) { return 2 * (col / kVector); }
-  // Byte of row r, column c in the swizzled transposed tile.
-  static __device__ __forceinline__ int byte_index(int r, int c) {
-    return (c * kWordsPerCol + ((r / 4) ^ swizzle(c))) * 4 + r % 4;
-  }
-};
-
-struct TileFlags {
-  bool vector_rows;     // src 16-byte aligned, cols % kVector == 0, rowwise kVector-aligned
-  bool vector_columns;  // columnwise 16-byte aligned and rows % 16 == 0
-};
-
-// Edge tiles (or unaligned data), element by element with the same bytes, out of line so the
-// vector path keeps its registers. Phase 1: quantizes the in-range elements (rowwise store
-// when requested) into the shared tile, out-of-range codes 0 (never stored); returns the
-// running amax. Phase 2: stores the in-range codes columnwise.
-template <class In, class Out, class T>
-__device__ __noinline__ float edge_tile_codes(const typename In::Storage* src, std::int64_t rows,
-                                              std::int64_t cols, std::int64_t row0,
-                                              std::int64_t col0, float scale,
-                                              std::uint8_t* rowwise, std::uint8_t* tile_bytes,
-                                              float running) {
-  for (int e = static_cast<int>(threadIdx.x); e < T::kRows * T::kCols; e += T::kThreads) {
-    const int r = e / T::kCols, c = e % T::kCols;
-    const std::int64_t gr = row0 + r, gc = col0 + c;
-    std::uint8_t code = 0;
-    if (gr < rows && gc < cols) {
-      const float x = In::to_f32(src[gr * cols + gc]);
-      running = amax_of(running, x);
-      code = Out::encode1(x * scale);
-      if (rowwise != nullptr) rowwise[gr * cols + gc] = code;
-    }
-    tile_bytes[T::byte_index(r, c)] = code;
-  }
-  return running;
-}
-
-template <class T>
-__device__ __noinline__ void edge_tile_columns(const std::uint8_t* tile_bytes, std::int64_t rows,
-                                               std::int64_t cols, std::int64_t row0,
-                                               std::int64_t col0, std::uint8_t* columnwise) {
-  for (int e = static_cast<int>(threadIdx.x); e < T::kRows * T::kCols; e += T::kThreads) {
-    const int c = e / T::kRows, r = e % T::kRows;
-    const std::int64_t gr = row0 + r, gc = col0 + c;
-    if (gr < rows && gc < cols) columnwise[gc * rows + gr] = tile_bytes[T::byte_index(r, c)];
-  }
-}
-
+// Fused cast + transpose (columnwise requested; rowwise optional): block b casts tile b
+// (float8_device.cuh cast + transpose tiles; reverse: the b-th from the end). The vector
+// loads go out before the wait for the kernel this launch overlaps.
 template <class In, class Out>
 __global__ void __launch_bounds__(TileShape<In>::kThreads, TileShape<In>::kMinBlocksPerSm)
     cast_transpose_kernel(const typename In::Storage* __restrict__ src, std::int64_t rows,
@@ -600,89 +330,17 @@ __global__ void __launch_bounds__(TileShape<In>::kThreads, TileShape<In>::kMinBl
                           std::uint8_t* __restrict__ columnwise, const TileFlags flags,
                           const CastScalars s) {
   using T = TileShape<In>;
-  constexpr int V = T::kVector;
   __shared__ alignas(16) std::uint32_t tile[T::kCols][T::kWordsPerCol];
-  std::uint8_t* const tile_bytes = reinterpret_cast<std::uint8_t*>(&tile[0][0]);
-
   const unsigned t = reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // this block's tile
-  const std::int64_t row0 = static_cast<std::int64_t>(t / tiles_per_row) * T::kRows;
-  const std::int64_t col0 = static_cast<std::int64_t>(t % tiles_per_row) * T::kCols;
-  const bool full_tile = row0 + T::kRows <= rows && col0 + T::kCols <= cols;
-  const bool vector_tile = full_tile && flags.vector_rows;
-  const int tx = static_cast<int>(threadIdx.x) % T::kThreadsX;
-  const int ty = static_cast<int>(threadIdx.x) / T::kThreadsX;
-  const int c = tx * V;  // first tile column of this thread (vector path)
-  // Element (row0 + ty * kMicroRows, col0 + c): this thread's first vector.
-  const std::int64_t first = (row0 + ty * T::kMicroRows) * cols + col0 + c;
-
+  const CastTile at = cast_tile<In>(t, tiles_per_row, rows, cols, flags);
   uint4 raw[T::kPasses][T::kMicroRows];
-  if (vector_tile) {
-#pragma unroll
-    for (int pass = 0; pass < T::kPasses; ++pass)
-#pragma unroll
-      for (int i = 0; i < T::kMicroRows; ++i)
-        raw[pass][i] = load16(src + first + (pass * T::kRowsPerPass + i) * cols);
-  }
+  load_cast_tile<In>(src, cols, at, raw);
   if (s.scale_waits) grid_dependency_wait();
   float tensor_amax;
   const float scale = cast_scale(s, tensor_amax);
   write_block_zero_scalars(s, scale, tensor_amax);
-  float running = 0.0f;
-
-  // Phase 1: quantize, rowwise store, park the codes transposed in the tile.
-  if (vector_tile) {
-#pragma unroll
-    for (int pass = 0; pass < T::kPasses; ++pass) {
-      std::uint32_t codes[T::kMicroRows][V / 4];
-#pragma unroll
-      for (int i = 0; i < T::kMicroRows; ++i) {
-        float x[V];
-        In::decode(raw[pass][i], x);
-#pragma unroll
-        for (int e = 0; e < V; ++e) running = amax_of(running, x[e]);
-        encode_words<Out, V>(x, scale, codes[i]);
-        if (rowwise != nullptr) {
-          std::uint8_t* out = rowwise + first + (pass * T::kRowsPerPass + i) * cols;
-          if constexpr (V == 8) store8(out, codes[i][0], codes[i][1]);
-          else store4(out, codes[i][0]);
-        }
-      }
-      const int q = pass * (T::kRowsPerPass / 4) + ty;  // word of these 4 rows in a column
-#pragma unroll
-      for (int w = 0; w < V / 4; ++w) {
-        std::uint32_t col_words[4];
-        transpose_4x4_bytes(codes[0][w], codes[1][w], codes[2][w], codes[3][w], col_words);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int col = c + 4 * w + j;
-          tile[col][q ^ T::swizzle(col)] = col_words[j];
-        }
-      }
-    }
-  } else {
-    running = edge_tile_codes<In, Out, T>(src, rows, cols, row0, col0, scale, rowwise,
-                                          tile_bytes, running);
-  }
-  __syncthreads();
-
-  // Phase 2: columnwise[col0 + c][row0 + r] = code of (r, c).
-  if (full_tile && flags.vector_columns) {
-    const int g = static_cast<int>(threadIdx.x) % T::kGroupsPerCol;
-#pragma unroll
-    for (int pass = 0; pass < T::kStorePasses; ++pass) {
-      const int col =
-          pass * T::kColsPerStorePass + static_cast<int>(threadIdx.x) / T::kGroupsPerCol;
-      const int sw = T::swizzle(col);
-      uint4 v = reinterpret_cast<const uint4*>(&tile[col][0])[g ^ (sw >> 2)];
-      if (sw & 2) {
-        const uint4 physical = v;
-        v = make_uint4(physical.z, physical.w, physical.x, physical.y);
-      }
-      store16(columnwise + (col0 + col) * rows + row0 + 16 * g, v);
-    }
-  } else {
-    edge_tile_columns<T>(tile_bytes, rows, cols, row0, col0, columnwise);
-  }
+  const float running = cast_transpose_tile<In, Out>(src, rows, cols, at, scale, raw, rowwise,
+                                                     columnwise, flags, tile);
   accumulate_block_amax<T::kThreads>(s, running);
 }
 
@@ -721,14 +379,7 @@ __global__ void write_scalars_kernel(float* dst0, float* dst1, float value, floa
   if (max_into && max_value > 0.0f) atomic_max_nonnegative(max_into, max_value);
 }
 
-// ---------------------------------------------------------------- 5. launchers, entries
-
-void check_source_dtype(qr_dtype dtype, const char* entry) {
-  QR_CHECK_CODE(dtype == QR_DTYPE_F32 || dtype == QR_DTYPE_BF16 || dtype == QR_DTYPE_F16,
-                QR_STATUS_UNSUPPORTED, "float8 CUDA ", entry,
-                ": source dtype code ", static_cast<int>(dtype),
-                " is not f32, bf16 or f16; convert the tensor first");
-}
+// ---------------------------------------------------------------- 4. launchers, entries
 
 void check_data_dtype(qr_dtype dtype, const char* entry) {
   QR_CHECK(dtype == QR_DTYPE_E4M3 || dtype == QR_DTYPE_E5M2, "float8 CUDA ", entry,
@@ -826,13 +477,13 @@ void run_cast(const CastTransposeArgs& a) {
   const cudaStream_t stream = as_stream(a.stream);
   CastLaunch l;
   l.scalars = cast_scalars(a);
-  std::unique_ptr<StreamScratch> partials;
+  std::optional<sdk::cuda::StreamScratch<float>> partials;
   if (a.scale.tensor_amax) {
     // Current scaling: amax pass into per-block maxima, then the cast overlapping it, walking
     // backwards into what the pass left in L2.
     const std::int64_t numel = a.rows * a.cols;
     const unsigned blocks = amax_blocks<In>(numel);
-    partials = std::make_unique<StreamScratch>(blocks, stream);
+    partials.emplace(blocks, stream, kFormat, scratch_pool(current_device()));
     launch_amax<In>(a.src, numel, nullptr, partials->get(), blocks, stream);
     l.scalars.amax_partials = partials->get();
     l.scalars.partial_count = static_cast<int>(blocks);
@@ -859,7 +510,7 @@ void run_cast(const CastTransposeArgs& a) {
 
 void compute_amax(const void* src, qr_dtype src_dtype, std::int64_t numel, float* amax_out,
                   int device_index, void* stream) {
-  check_source_dtype(src_dtype, "compute_amax");
+  sdk::cuda::check_source_dtype(src_dtype, kFormat, "compute_amax");
   QR_CHECK(amax_out != nullptr, "float8 CUDA compute_amax: amax_out is null");
   QR_CHECK(numel == 0 || src != nullptr, "float8 CUDA compute_amax: source of ", numel,
            " elements has a null data pointer");
@@ -883,22 +534,13 @@ void compute_amax(const void* src, qr_dtype src_dtype, std::int64_t numel, float
 float compute_amax_to_host(const void* src, qr_dtype src_dtype, std::int64_t numel,
                            int device_index, void* stream) {
   DeviceGuard guard(device_index, kFormat);
-  const cudaStream_t s = as_stream(stream);
-  // A stream-ordered temporary, freed on every path (exceptions included).
-  struct Scratch {
-    float* ptr = nullptr;
-    cudaStream_t stream;
-    ~Scratch() {
-      if (ptr) cudaFreeAsync(ptr, stream);
-    }
-  } scratch{nullptr, s};
-  QR_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&scratch.ptr), sizeof(float), s));
-  compute_amax(src, src_dtype, numel, scratch.ptr, device_index, stream);
-  return read_scalar(scratch.ptr, device_index, stream);
+  const sdk::cuda::StreamScratch<float> scratch(1, as_stream(stream), kFormat);
+  compute_amax(src, src_dtype, numel, scratch.get(), device_index, stream);
+  return read_scalar(scratch.get(), device_index, stream);
 }
 
 void cast_transpose(const CastTransposeArgs& a) {
-  check_source_dtype(a.src_dtype, "cast_transpose");
+  sdk::cuda::check_source_dtype(a.src_dtype, kFormat, "cast_transpose");
   check_data_dtype(a.data_dtype, "cast_transpose");
   QR_CHECK(a.rows >= 0 && a.cols >= 0, "float8 CUDA cast_transpose: negative shape ", a.rows,
            " x ", a.cols);

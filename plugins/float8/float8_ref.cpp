@@ -13,6 +13,9 @@
 namespace qrecipe::float8::ref {
 namespace {
 
+using sdk::dtype_str;
+using sdk::for_each_element;
+
 void check_fp8_dtype(qr_dtype data_dtype) {
   QR_CHECK(data_dtype == QR_DTYPE_E4M3 || data_dtype == QR_DTYPE_E5M2,
            "float8 data dtype must be e4m3 or e5m2; got ", dtype_str(data_dtype));
@@ -22,11 +25,7 @@ void check_source(const qr_tensor_view& src) {
   sdk::check_source_view(src, "float8", sdk::SourceDevice::kHostInvalidArgument);
 }
 
-using sdk::for_each_element;
-
 }  // namespace
-
-const char* dtype_str(std::int32_t dtype) { return sdk::dtype_str(dtype); }
 
 float fp8_max(qr_dtype data_dtype) {
   check_fp8_dtype(data_dtype);

@@ -24,8 +24,6 @@
 
 namespace qrecipe::float8::ref {
 
-// Name of a qr_dtype code for messages ("bf16"), or "unknown dtype".
-const char* dtype_str(std::int32_t dtype);
 
 // Largest finite value of an FP8 data dtype: 448 (E4M3) or 57344 (E5M2). Throws for others.
 float fp8_max(qr_dtype data_dtype);

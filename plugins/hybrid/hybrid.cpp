@@ -58,6 +58,7 @@
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 #include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/plugin_sdk_checks.hpp"
 #include "qrecipe/plugin_sdk_tensor.hpp"
 #include "qrecipe/tensor.hpp"
 
@@ -70,12 +71,9 @@ constexpr const char* kSourceChoices[] = {"input", "rowwise_dequantized"};
 
 enum class ColumnwiseSource { input, rowwise_dequantized };
 
-const char* direction_str(qr_direction d) {
-  return d == QR_DIRECTION_ROWWISE ? "rowwise" : "columnwise";
-}
-std::uint32_t bit(qr_direction d) {
-  return d == QR_DIRECTION_ROWWISE ? QR_USAGE_ROWWISE : QR_USAGE_COLUMNWISE;
-}
+using sdk::direction_data;
+using sdk::direction_str;
+using sdk::usage_of;
 
 // The sub-spec of one direction; both are required (a hybrid with one side would be the plain
 // format, and failing when the quantizer is made beats failing at the first backward GEMM).
@@ -171,10 +169,6 @@ class SubQuantizer {
 
 // ---------------------------------------------------------------- 3. direction views, scratch
 
-qr_direction_data& slot(qr_quantized_tensor& t, qr_direction d) {
-  return d == QR_DIRECTION_ROWWISE ? t.rowwise : t.columnwise;
-}
-
 qr_direction_data empty_direction() {
   qr_direction_data dd{};
   dd.struct_size = sizeof(qr_direction_data);
@@ -189,10 +183,10 @@ qr_quantized_tensor single_direction(const qr_quantized_tensor& t, qr_direction 
                                      const std::string& format) {
   qr_quantized_tensor v = t;
   v.format = format.c_str();
-  v.usage = bit(d);
+  v.usage = usage_of(d);
   const qr_direction other = d == QR_DIRECTION_ROWWISE ? QR_DIRECTION_COLUMNWISE
                                                        : QR_DIRECTION_ROWWISE;
-  slot(v, other) = empty_direction();
+  direction_data(v, other) = empty_direction();
   return v;
 }
 
@@ -202,7 +196,7 @@ qr_quantize_args sub_args(const qr_quantize_args& args, qr_direction d, const fl
                           std::array<float, 2>& amax) {
   qr_quantize_args a = args;
   a.struct_size = sizeof(qr_quantize_args);
-  a.usage = bit(d);
+  a.usage = usage_of(d);
   if (given != nullptr) {
     amax = {given[0], given[0]};
     a.amax = amax.data();
@@ -277,10 +271,10 @@ class ScratchDirection {
     t_.format = format_.c_str();
     t_.rows = rows;
     t_.cols = cols;
-    t_.usage = bit(d);
+    t_.usage = usage_of(d);
     t_.rowwise = empty_direction();
     t_.columnwise = empty_direction();
-    qr_direction_data& dd = slot(t_, d);
+    qr_direction_data& dd = direction_data(t_, d);
     dd.layout = layout;
     dd.layout.format = format_.c_str();
     dd.data = allocate(data_, ctx, static_cast<DType>(layout.data_dtype), layout.data_ndim,
@@ -338,15 +332,8 @@ class HybridQuantizer final : public sdk::QuantizerBase {
 
   void quantize(const qr_tensor_view& src, const qr_quantize_args& args,
                 qr_quantized_tensor& dst) override {
-    QR_CHECK(args.struct_size >= sizeof(qr_quantize_args), "hybrid quantize: qr_quantize_args "
-             "struct_size ", args.struct_size, " is smaller than this plugin's ",
-             sizeof(qr_quantize_args));
-    const std::uint32_t usage = args.usage;
-    QR_CHECK(usage != 0 && (usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0,
-             "hybrid quantize: usage must be rowwise (1), columnwise (2) or both (3); got ", usage);
-    QR_CHECK((dst.usage & usage) == usage, "hybrid quantize: ", usage_name(usage),
-             " requested but the destination holds ", usage_name(dst.usage),
-             "; allocate the destination with the requested usage");
+    // Devices and buffers are each sub-quantizer's to check (both devices are declared here).
+    const std::uint32_t usage = sdk::check_quantize_usage(args, dst, "hybrid");
     QR_CHECK(dst.rows == view_rows(src) && dst.cols == view_cols(src), "hybrid quantize: the "
              "source is ", view_rows(src), " x ", view_cols(src), " (as 2-D) but the destination "
              "is ", dst.rows, " x ", dst.cols);
@@ -365,7 +352,7 @@ class HybridQuantizer final : public sdk::QuantizerBase {
 
   void dequantize(const qr_quantized_tensor& src, qr_direction direction,
                   const qr_tensor_view& dst, void* stream) override {
-    QR_CHECK(src.usage & bit(direction), "hybrid dequantize: the tensor holds ",
+    QR_CHECK(src.usage & usage_of(direction), "hybrid dequantize: the tensor holds ",
              usage_name(src.usage), " data, not ", direction_str(direction));
     const SubQuantizer& sub = side(direction);
     sub.dequantize(single_direction(src, direction, sub.format()), direction, dst, stream);

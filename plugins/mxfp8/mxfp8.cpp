@@ -28,13 +28,14 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "mxfp8_ref.hpp"
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 #include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/plugin_sdk_checks.hpp"
 #include "qrecipe/plugin_sdk_tensor.hpp"
-#include "qrecipe/tensor.hpp"
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
 #include "mxfp8_grouped_kernels.hpp"
 #include "mxfp8_kernels.hpp"
@@ -62,55 +63,10 @@ qr_dtype resolve_dtype(const sdk::Options& opts) {
 
 // ---------------------------------------------------------------- 2. the quantizer
 
-const char* direction_str(qr_direction d) {
-  return d == QR_DIRECTION_ROWWISE ? "rowwise" : "columnwise";
-}
-std::uint32_t usage_bit(qr_direction d) {
-  return d == QR_DIRECTION_ROWWISE ? QR_USAGE_ROWWISE : QR_USAGE_COLUMNWISE;
-}
-using sdk::device_str;
-using sdk::usage_name;
+constexpr const char* kFormat = "mxfp8";
+
 using sdk::view_cols;
 using sdk::view_rows;
-
-#if defined(QRECIPE_PLUGIN_HAS_CUDA)
-constexpr bool kHasCuda = true;
-#else
-constexpr bool kHasCuda = false;
-#endif
-
-// Every entry point calls this for the tensor that decides where it runs: CPU tensors go to
-// the reference, CUDA tensors to the kernels (or an UNSUPPORTED error in a build without
-// them). No silent CPU fallback.
-void require_supported_device(const qr_device& device, const char* op, const char* what) {
-  QR_CHECK_CODE(device.type != QR_DEVICE_CUDA || kHasCuda, QR_STATUS_UNSUPPORTED, "mxfp8 ", op,
-                ": ", what, " is on cuda:", device.index,
-                " but this mxfp8 plugin was built without CUDA kernels; rebuild with "
-                "-DQRECIPE_CUDA=ON, or quantize on the CPU (there is no silent CPU fallback)");
-  QR_CHECK_CODE(device.type == QR_DEVICE_CPU || device.type == QR_DEVICE_CUDA,
-                QR_STATUS_UNSUPPORTED, "mxfp8 ", op, ": ", what, " is on unknown device type ",
-                device.type);
-}
-
-// Every buffer of one call lives where the tensor that decides the device lives.
-void require_same_device(const qr_device& device, const qr_device& expected, const char* op,
-                         const char* what) {
-  QR_CHECK(device.type == expected.type &&
-               (device.type == QR_DEVICE_CPU || device.index == expected.index),
-           "mxfp8 ", op, ": ", what, " is on ", device_str(device), " but the ",
-           (std::string(op) == "quantize" ? "source" : "destination"), " is on ",
-           device_str(expected), "; allocate it on the same device");
-}
-
-#if defined(QRECIPE_PLUGIN_HAS_CUDA)
-// The CUDA kernels read the source as contiguous row-major [rows, cols].
-void require_contiguous_cuda_source(const qr_tensor_view& src, const char* op) {
-  QR_CHECK_CODE(TensorView(src).is_contiguous(), QR_STATUS_UNSUPPORTED, "mxfp8 ", op,
-                ": the CUDA kernels need a contiguous source, got shape ",
-                TensorView(src).shape_str(), " with non-default strides; make it contiguous "
-                "first (tensor.contiguous())");
-}
-#endif
 
 class Mxfp8Quantizer final : public sdk::QuantizerBase {
  public:
@@ -119,36 +75,17 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
 
   qr_direction_layout layout(std::int64_t rows, std::int64_t cols,
                              qr_direction direction) const override {
-    QR_CHECK(rows >= 0 && cols >= 0, "mxfp8 layout: negative shape ", rows, " x ", cols);
-    const bool rowwise = direction == QR_DIRECTION_ROWWISE;
-    const ref::ScaleShape s =
-        rowwise ? ref::rowwise_scale_shape(rows, cols) : ref::columnwise_scale_shape(rows, cols);
-    qr_direction_layout l = sdk::empty_layout("mxfp8");
-    l.data_dtype = data_dtype_;
-    l.data_ndim = 2;
-    l.data_shape[0] = rows;  // both directions keep the logical [M, K] order
-    l.data_shape[1] = cols;
-    l.data_transposed = 0;
-    l.scale_mode = QR_SCALE_BLOCK;
-    l.scale_dtype = QR_DTYPE_E8M0;
-    l.scale_ndim = 2;
-    l.scale_shape[0] = s.rows;
-    l.scale_shape[1] = s.cols;
-    l.scale_transposed = 0;
-    l.block_rows = rowwise ? 1 : static_cast<std::int32_t>(ref::kBlockSize);
-    l.block_cols = rowwise ? static_cast<std::int32_t>(ref::kBlockSize) : 1;
-    l.has_amax = 0;
-    return l;
+    return layout_of(rows, cols, direction, data_dtype_);
   }
 
   void compute_amax(const qr_tensor_view& src, void* stream, float amax_out[2]) override {
-    require_supported_device(src.device, "compute_amax", "the source");
+    sdk::require_supported_device(src.device, kFormat, "compute_amax", "the source");
     float a = 0.0f;
     if (src.device.type == QR_DEVICE_CUDA) {
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
-      require_contiguous_cuda_source(src, "compute_amax");
+      sdk::require_contiguous_source(src, kFormat, "compute_amax");
       a = cuda::compute_amax_to_host(src.data, static_cast<qr_dtype>(src.dtype),
-                                     TensorView(src).numel(), src.device.index, stream);
+                                     sdk::numel(src), src.device.index, stream);
 #endif
     } else {
       (void)stream;
@@ -160,31 +97,25 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
 
   void quantize(const qr_tensor_view& src, const qr_quantize_args& args,
                 qr_quantized_tensor& dst) override {
-    const std::uint32_t usage = sdk::check_quantize_usage(args, dst, "mxfp8");
-    require_supported_device(src.device, "quantize", "the source");
-    const std::int64_t rows = view_rows(src), cols = view_cols(src);
-    QR_CHECK(dst.rows == rows && dst.cols == cols, "mxfp8 quantize: the source is ", rows, " x ",
-             cols, " (as 2-D) but the destination is ", dst.rows, " x ", dst.cols);
-    for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
-      if (usage & usage_bit(d))
-        check_buffers(direction_data(dst, d), d, rows, cols, data_dtype_, "quantize",
-                      src.device);
+    const std::uint32_t usage =
+        sdk::check_quantize_call(src, args, dst, kFormat, "quantize", *this);
     if (src.device.type == QR_DEVICE_CUDA) {
       quantize_cuda(src, usage, dst, args.stream);
       return;
     }
     for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
-      if (!(usage & usage_bit(d))) continue;
-      qr_direction_data& dd = direction_data(dst, d);
+      if (!(usage & sdk::usage_of(d))) continue;
+      qr_direction_data& dd = sdk::direction_data(dst, d);
       ref::quantize(src, d, data_dtype_, static_cast<std::uint8_t*>(dd.data.data),
                     static_cast<std::uint8_t*>(dd.scale_inv.data), dd.scale_inv.shape[1]);
     }
   }
 
-  // Measured on an H100 (test_gpu_grouped, BF16, both directions): 8 groups of 2048 x 1024
-  // took 0.080 ms grouped against 0.056 ms group by group, while 64 of 256 x 1024 took 0.084
-  // against 0.28 and 128 of 64 x 512 0.03 against 0.49. Group by group when the groups
-  // average at least 1024 rows.
+  // Measured on an H100 (test_gpu_grouped, BF16, both directions) with the grouped kernel's
+  // former 32 x 128 tiles: 8 groups of 2048 x 1024 took 0.080 ms grouped against 0.056 ms
+  // group by group, while 64 of 256 x 1024 took 0.084 against 0.28 and 128 of 64 x 512 0.03
+  // against 0.49. Group by group when the groups average at least 1024 rows. (The grouped
+  // kernel now runs the one-tensor tile: re-measure before changing the threshold.)
   static bool few_large_groups(std::span<const std::int64_t> group_rows) {
     std::int64_t rows = 0;
     for (const std::int64_t r : group_rows) rows += r;
@@ -193,85 +124,48 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
 
   // Grouped quantization (the descriptor's quantize_grouped extra, plugin_abi.h: each group
   // byte-identical to quantizing its rows alone; plugin_sdk.hpp has checked the generic
-  // arguments). CPU: the reference, group after group. CUDA: mxfp8_grouped_kernels.cu, ONE
-  // launch for all groups and both directions (mxfp8 has no tensor-level quantity), unless
-  // the groups are few and large (few_large_groups).
+  // arguments). CPU: the reference, group after group. CUDA: every group's kernel arguments
+  // exactly as quantize builds them for that group alone, all groups in ONE launch
+  // (mxfp8_grouped_kernels.cu; mxfp8 has no tensor-level quantity), unless the groups are few
+  // and large (few_large_groups).
   void quantize_grouped(const qr_tensor_view& src, std::span<const std::int64_t> group_rows,
                         const qr_quantize_args& args, std::span<qr_quantized_tensor* const> dst) {
-    sdk::check_source_view(src, "mxfp8");
-    require_supported_device(src.device, "quantize_grouped", "the source");
-    // On CUDA, large groups take the one-tensor kernel each: its tuned tiles outrun the
-    // grouped kernel's simple ones there, and its launches are too few to matter (same bytes).
+    sdk::check_source_view(src, kFormat);
+    sdk::require_supported_device(src.device, kFormat, "quantize_grouped", "the source");
+    // On CUDA, large groups take the one-tensor kernel each (same bytes): its launches are too
+    // few to matter there.
     if (src.device.type != QR_DEVICE_CUDA || few_large_groups(group_rows)) {
       sdk::quantize_each_group(*this, src, group_rows, args, dst);
       return;
     }
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
-    require_contiguous_cuda_source(src, "quantize_grouped");
-    const std::int64_t cols = view_cols(src);
-    cuda::GroupedQuantizeArgs a;
-    a.src = src.data;
-    a.src_dtype = static_cast<qr_dtype>(src.dtype);
-    a.cols = cols;
-    a.data_dtype = data_dtype_;
-    a.rowwise = (args.usage & QR_USAGE_ROWWISE) != 0;
-    a.columnwise = (args.usage & QR_USAGE_COLUMNWISE) != 0;
-    a.rowwise_scale_ld = ref::rowwise_scale_shape(0, cols).cols;
-    a.columnwise_scale_ld = ref::columnwise_scale_shape(0, cols).cols;
-    a.groups.resize(dst.size());
-    for (std::size_t g = 0; g < dst.size(); ++g) {
-      qr_quantized_tensor& t = *dst[g];
-      const std::uint32_t usage = sdk::check_quantize_usage(args, t, "mxfp8");
-      for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
-        if (usage & usage_bit(d))
-          check_buffers(direction_data(t, d), d, group_rows[g], cols, data_dtype_,
-                        "quantize_grouped", src.device);
-      cuda::GroupOutputs& o = a.groups[g];
-      o.rows = group_rows[g];
-      if (a.rowwise) {
-        o.rowwise_data = static_cast<std::uint8_t*>(t.rowwise.data.data);
-        o.rowwise_scale = static_cast<std::uint8_t*>(t.rowwise.scale_inv.data);
-      }
-      if (a.columnwise) {
-        o.columnwise_data = static_cast<std::uint8_t*>(t.columnwise.data.data);
-        o.columnwise_scale = static_cast<std::uint8_t*>(t.columnwise.scale_inv.data);
-      }
-    }
-    a.device_index = src.device.index;
-    a.stream = args.stream;
-    cuda::quantize_grouped(a);
+    sdk::require_contiguous_source(src, kFormat, "quantize_grouped");
+    std::vector<cuda::QuantizeArgs> groups;
+    groups.reserve(dst.size());
+    sdk::for_each_group(src, group_rows, dst,
+                        [&](const qr_tensor_view& rows, qr_quantized_tensor& out) {
+                          const std::uint32_t usage = sdk::check_quantize_call(
+                              rows, args, out, kFormat, "quantize_grouped", *this);
+                          groups.push_back(cuda_args(rows, usage, out, args.stream));
+                        });
+    cuda::quantize_grouped(groups);
 #endif
   }
 
   void dequantize(const qr_quantized_tensor& src, qr_direction direction,
                   const qr_tensor_view& dst, void* stream) override {
-    const char* dir = direction_str(direction);
-    QR_CHECK(src.usage & usage_bit(direction), "mxfp8 dequantize: the tensor holds ",
-             usage_name(src.usage), " data, not ", dir);
-    const qr_direction_data& dd = direction_data(src, direction);
-    const auto data_dtype = static_cast<qr_dtype>(dd.data.dtype);
-    QR_CHECK(data_dtype == QR_DTYPE_E4M3 || data_dtype == QR_DTYPE_E5M2, "mxfp8 dequantize: ",
-             dir, " data has dtype ", ref::dtype_str(data_dtype),
-             "; expected e4m3 or e5m2 (was it made by another format?)");
+    const qr_direction_data& dd = sdk::check_dequantize_call(src, direction, dst, kFormat);
     // Decode with the dtype the data was made with, which may differ from this quantizer's.
-    QR_CHECK(dd.layout.data_transposed == 0 && dd.layout.scale_mode == QR_SCALE_BLOCK &&
-                 dd.scale_inv.dtype == QR_DTYPE_E8M0,
-             "mxfp8 dequantize: ", dir, " data is not in the mxfp8 layout (transposed ",
-             dd.layout.data_transposed, ", scale mode ", dd.layout.scale_mode, ", scale dtype ",
-             ref::dtype_str(dd.scale_inv.dtype), "); was it made by another format?");
-    require_supported_device(dst.device, "dequantize", "the destination");
-    check_buffers(dd, direction, src.rows, src.cols, data_dtype, "dequantize", dst.device);
+    const auto data_dtype = static_cast<qr_dtype>(dd.layout.data_dtype);
+    QR_CHECK(data_dtype == QR_DTYPE_E4M3 || data_dtype == QR_DTYPE_E5M2, "mxfp8 dequantize: ",
+             sdk::direction_str(direction), " data has dtype ", sdk::dtype_str(data_dtype),
+             "; expected e4m3 or e5m2 (was it made by another format?)");
+    sdk::check_stored(dd, layout_of(src.rows, src.cols, direction, data_dtype), direction,
+                      dst.device, kFormat);
     const auto dst_dtype = static_cast<qr_dtype>(dst.dtype);
     QR_CHECK_CODE(dst_dtype == QR_DTYPE_F32 || dst_dtype == QR_DTYPE_BF16, QR_STATUS_UNSUPPORTED,
                   "mxfp8 dequantize: the destination must be f32 or bf16; got ",
-                  ref::dtype_str(dst_dtype));
-    QR_CHECK(view_rows(dst) == src.rows && view_cols(dst) == src.cols,
-             "mxfp8 dequantize: destination is ", view_rows(dst), " x ", view_cols(dst),
-             " (as 2-D) but the tensor is ", src.rows, " x ", src.cols);
-    QR_CHECK(TensorView(dst).is_contiguous(),
-             "mxfp8 dequantize: the destination must be contiguous");
-    QR_CHECK(dst.data != nullptr || src.rows * src.cols == 0,
-             "mxfp8 dequantize: the destination has no data pointer");
+                  sdk::dtype_str(dst_dtype));
     if (dst.device.type == QR_DEVICE_CUDA) {
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
       cuda::dequantize(static_cast<const std::uint8_t*>(dd.data.data),
@@ -295,49 +189,52 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
   }
 
  private:
-  static const qr_direction_data& direction_data(const qr_quantized_tensor& t, qr_direction d) {
-    return d == QR_DIRECTION_ROWWISE ? t.rowwise : t.columnwise;
-  }
-  static qr_direction_data& direction_data(qr_quantized_tensor& t, qr_direction d) {
-    return d == QR_DIRECTION_ROWWISE ? t.rowwise : t.columnwise;
+  // The layout of a [rows, cols] tensor with `data_dtype` elements (this quantizer's, or the
+  // one a stored tensor was made with).
+  static qr_direction_layout layout_of(std::int64_t rows, std::int64_t cols,
+                                       qr_direction direction, qr_dtype data_dtype) {
+    QR_CHECK(rows >= 0 && cols >= 0, "mxfp8 layout: negative shape ", rows, " x ", cols);
+    const bool rowwise = direction == QR_DIRECTION_ROWWISE;
+    const ref::ScaleShape s =
+        rowwise ? ref::rowwise_scale_shape(rows, cols) : ref::columnwise_scale_shape(rows, cols);
+    qr_direction_layout l = sdk::empty_layout(kFormat);
+    l.data_dtype = data_dtype;
+    l.data_ndim = 2;
+    l.data_shape[0] = rows;  // both directions keep the logical [M, K] order
+    l.data_shape[1] = cols;
+    l.data_transposed = 0;
+    l.scale_mode = QR_SCALE_BLOCK;
+    l.scale_dtype = QR_DTYPE_E8M0;
+    l.scale_ndim = 2;
+    l.scale_shape[0] = s.rows;
+    l.scale_shape[1] = s.cols;
+    l.scale_transposed = 0;
+    l.block_rows = rowwise ? 1 : static_cast<std::int32_t>(ref::kBlockSize);
+    l.block_cols = rowwise ? static_cast<std::int32_t>(ref::kBlockSize) : 1;
+    l.has_amax = 0;
+    return l;
   }
 
-  // The buffers of one direction must be exactly what `layout` describes (dtype, shapes,
-  // contiguous, on `device`): the reference and the kernels index them with those shapes.
-  void check_buffers(const qr_direction_data& dd, qr_direction d, std::int64_t rows,
-                     std::int64_t cols, qr_dtype data_dtype, const char* op,
-                     const qr_device& device) const {
-    const char* dir = direction_str(d);
-    const qr_direction_layout want = layout(rows, cols, d);
-    QR_CHECK(dd.struct_size >= sizeof(qr_direction_data), "mxfp8 ", op, ": ", dir,
-             " qr_direction_data struct_size ", dd.struct_size, " is smaller than this build's ",
-             sizeof(qr_direction_data));
-    require_same_device(dd.data.device, device, op, "the data buffer");
-    require_same_device(dd.scale_inv.device, device, op, "the scale buffer");
-    QR_CHECK(dd.data.dtype == data_dtype, "mxfp8 ", op, ": ", dir, " data has dtype ",
-             ref::dtype_str(dd.data.dtype), "; expected ", ref::dtype_str(data_dtype),
-             ". Allocate it from this quantizer's layout");
-    const TensorView data(dd.data), scale(dd.scale_inv);
-    QR_CHECK(data.ndim() == 2 && data.size(0) == rows && data.size(1) == cols &&
-                 data.is_contiguous(),
-             "mxfp8 ", op, ": ", dir, " data is ", data.shape_str(),
-             (data.is_contiguous() ? "" : " strided"),
-             "; expected contiguous [", rows, ", ", cols, "] (not transposed)");
-    QR_CHECK(scale.dtype() == DType::e8m0 && scale.ndim() == 2 &&
-                 scale.size(0) == want.scale_shape[0] && scale.size(1) == want.scale_shape[1] &&
-                 scale.is_contiguous(),
-             "mxfp8 ", op, ": ", dir, " scale_inv is ", scale.str(), "; expected contiguous e8m0[",
-             want.scale_shape[0], ", ", want.scale_shape[1], "] for a ", rows, " x ", cols,
-             " tensor. Allocate it from this quantizer's layout");
-    QR_CHECK((dd.data.data != nullptr && dd.scale_inv.data != nullptr) || rows * cols == 0,
-             "mxfp8 ", op, ": ", dir, " data or scale_inv pointer is null");
-  }
 
   // Both requested directions in one kernel pass; buffers were checked by the caller.
   void quantize_cuda(const qr_tensor_view& src, std::uint32_t usage, qr_quantized_tensor& dst,
                      void* stream) const {
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
-    require_contiguous_cuda_source(src, "quantize");
+    sdk::require_contiguous_source(src, kFormat, "quantize");
+    cuda::quantize(cuda_args(src, usage, dst, stream));
+#else
+    (void)src;  // unreachable: check_quantize_call refuses CUDA sources in this build
+    (void)usage;
+    (void)dst;
+    (void)stream;
+#endif
+  }
+
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+  // The kernel arguments of one checked quantize call (one tensor, or one group of a grouped
+  // call: the same arguments either way, hence the same bytes).
+  cuda::QuantizeArgs cuda_args(const qr_tensor_view& src, std::uint32_t usage,
+                               qr_quantized_tensor& dst, void* stream) const {
     cuda::QuantizeArgs a;
     a.src = src.data;
     a.src_dtype = static_cast<qr_dtype>(src.dtype);
@@ -356,19 +253,12 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
     }
     a.device_index = src.device.index;
     a.stream = stream;
-    cuda::quantize(a);
-#else
-    (void)src;
-    (void)usage;
-    (void)dst;
-    (void)stream;
-#endif
+    return a;
   }
+#endif
 
   qr_dtype data_dtype_;
 };
-
-constexpr std::uint32_t kDevices = sdk::kBuiltDevices;
 
 }  // namespace
 }  // namespace qrecipe::mxfp8
@@ -377,4 +267,4 @@ constexpr std::uint32_t kDevices = sdk::kBuiltDevices;
 
 QR_DEFINE_PLUGIN(qrecipe::mxfp8::Mxfp8Quantizer, "mxfp8", "1.0.0",
                  "MXFP8: E4M3/E5M2 elements in blocks of 32 sharing an E8M0 scale",
-                 qrecipe::mxfp8::kSchema, qrecipe::mxfp8::kDevices)
+                 qrecipe::mxfp8::kSchema, ::qrecipe::sdk::kBuiltDevices)

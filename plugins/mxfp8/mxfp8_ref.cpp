@@ -17,6 +17,7 @@
 namespace qrecipe::mxfp8::ref {
 namespace {
 
+using sdk::dtype_str;
 using sdk::ceil_div;
 using sdk::round_up;
 
@@ -73,8 +74,6 @@ ScaleShape rowwise_scale_shape(std::int64_t rows, std::int64_t cols) {
 ScaleShape columnwise_scale_shape(std::int64_t rows, std::int64_t cols) {
   return {round_up(ceil_div(rows, kBlockSize), kScaleTileShort), round_up(cols, kScaleTileLong)};
 }
-
-const char* dtype_str(std::int32_t dtype) { return sdk::dtype_str(dtype); }
 
 void check_data_dtype(std::int32_t data_dtype) {
   QR_CHECK(data_dtype == QR_DTYPE_E4M3 || data_dtype == QR_DTYPE_E5M2,

@@ -51,8 +51,6 @@ struct ScaleShape {
 ScaleShape rowwise_scale_shape(std::int64_t rows, std::int64_t cols);
 ScaleShape columnwise_scale_shape(std::int64_t rows, std::int64_t cols);
 
-// Name of a qr_dtype code for messages ("bf16"), or "unknown dtype".
-const char* dtype_str(std::int32_t dtype);
 
 // Throws unless data_dtype is E4M3 or E5M2.
 void check_data_dtype(std::int32_t data_dtype);

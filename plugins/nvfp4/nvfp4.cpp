@@ -45,8 +45,8 @@
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 #include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/plugin_sdk_checks.hpp"
 #include "qrecipe/plugin_sdk_tensor.hpp"
-#include "qrecipe/tensor.hpp"
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
 #include "nvfp4_grouped_kernels.hpp"
 #include "nvfp4_kernels.hpp"
@@ -73,50 +73,10 @@ ref::Config resolve_options(const sdk::Options& opts) {
 
 // ---------------------------------------------------------------- 2. the quantizer
 
-using sdk::device_str;
-using sdk::same_device;
-using sdk::usage_name;
+constexpr const char* kFormat = "nvfp4";
+
 using sdk::view_cols;
 using sdk::view_rows;
-
-const char* direction_str(qr_direction d) {
-  return d == QR_DIRECTION_ROWWISE ? "rowwise" : "columnwise";
-}
-
-std::uint32_t usage_of(qr_direction d) {
-  return d == QR_DIRECTION_ROWWISE ? QR_USAGE_ROWWISE : QR_USAGE_COLUMNWISE;
-}
-
-// A device this build cannot run: CUDA without kernels, or an unknown device type.
-[[noreturn]] void throw_unsupported_device(const qr_device& device, const char* op) {
-  if (device.type == QR_DEVICE_CUDA)
-    QR_THROW_CODE(QR_STATUS_UNSUPPORTED, "nvfp4 ", op, ": the tensor is on ",
-                  device_str(device),
-                  " but this nvfp4 plugin was built without CUDA kernels; rebuild with "
-                  "-DQRECIPE_CUDA=ON, or move the tensor to the CPU (there is no silent CPU "
-                  "fallback)");
-  QR_THROW_CODE(QR_STATUS_UNSUPPORTED, "nvfp4 ", op, ": unknown device type ", device.type);
-}
-
-constexpr bool kHasCuda =
-#if defined(QRECIPE_PLUGIN_HAS_CUDA)
-    true;
-#else
-    false;
-#endif
-
-// The devices whose tensors this build quantizes: the CPU, and CUDA when built with kernels.
-void require_supported(const qr_device& device, const char* op) {
-  if (device.type == QR_DEVICE_CPU || (kHasCuda && device.type == QR_DEVICE_CUDA)) return;
-  throw_unsupported_device(device, op);
-}
-
-void require_contiguous(const qr_tensor_view& src, const char* op) {
-  QR_CHECK_CODE(TensorView(src).is_contiguous(), QR_STATUS_UNSUPPORTED, "nvfp4 ", op,
-                ": the CUDA kernels need a contiguous source, got shape ",
-                TensorView(src).shape_str(), " with non-default strides; make it contiguous "
-                "first (tensor.contiguous())");
-}
 
 class Nvfp4Quantizer final : public sdk::QuantizerBase {
  public:
@@ -155,10 +115,10 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
   }
 
   void compute_amax(const qr_tensor_view& src, void* stream, float amax_out[2]) override {
-    require_supported(src.device, "compute_amax");
+    sdk::require_supported_device(src.device, kFormat, "compute_amax", "the source");
     if (src.device.type == QR_DEVICE_CUDA) {
       ref::check_amax_call(src, config_);
-      require_contiguous(src, "compute_amax");
+      sdk::require_contiguous_source(src, kFormat, "compute_amax");
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
       cuda::compute_amax_to_host(src.data, static_cast<qr_dtype>(src.dtype), view_rows(src),
                                  view_cols(src), config_.hadamard, amax_out, src.device.index,
@@ -175,7 +135,7 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
   void quantize(const qr_tensor_view& src, const qr_quantize_args& args,
                 qr_quantized_tensor& dst) override {
     ref::DirectionOut out[2];
-    const ref::Request request = checked_request(src, args, dst, out);
+    const ref::Request request = checked_request(src, args, dst, "quantize", out);
     if (src.device.type == QR_DEVICE_CUDA) {
       quantize_cuda(src, request, args.stream);
       return;
@@ -193,7 +153,7 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
   // contract's bytes (their tile kernels have no grouped form yet).
   void quantize_grouped(const qr_tensor_view& src, std::span<const std::int64_t> group_rows,
                         const qr_quantize_args& args, std::span<qr_quantized_tensor* const> dst) {
-    require_supported(src.device, "quantize_grouped");
+    sdk::require_supported_device(src.device, kFormat, "quantize_grouped", "the source");
     const std::uint64_t first_offset =
         args.has_rng_offset ? args.rng_offset : next_offset_.fetch_add(dst.size());
     qr_quantize_args per_group = args;
@@ -208,7 +168,7 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
       return;
     }
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
-    require_contiguous(src, "quantize_grouped");
+    sdk::require_contiguous_source(src, kFormat, "quantize_grouped");
     std::vector<cuda::QuantizeArgs> groups(dst.size());
     std::vector<GroupBuffers> buffers(dst.size());  // what groups[g] points to
     std::size_t g = 0;
@@ -216,7 +176,8 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
                         [&](const qr_tensor_view& rows, qr_quantized_tensor& out) {
                           per_group.rng_offset = offset++;
                           ref::DirectionOut outs[2];
-                          const ref::Request request = checked_request(rows, per_group, out, outs);
+                          const ref::Request request =
+                              checked_request(rows, per_group, out, "quantize_grouped", outs);
                           check_cuda_call(rows, request, "quantize_grouped");
                           groups[g] = cuda_args(rows, request, args.stream, buffers[g].d);
                           ++g;
@@ -227,29 +188,8 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
 
   void dequantize(const qr_quantized_tensor& src, qr_direction direction,
                   const qr_tensor_view& dst, void* stream) override {
-    const char* dir = direction_str(direction);
-    QR_CHECK(src.usage & usage_of(direction), "nvfp4 dequantize: the tensor holds ",
-             usage_name(src.usage), " data, not ", dir);
-    const qr_direction_data& dd =
-        direction == QR_DIRECTION_ROWWISE ? src.rowwise : src.columnwise;
-    QR_CHECK(dd.layout.data_dtype == QR_DTYPE_E2M1 && dd.layout.scale_dtype == QR_DTYPE_E4M3,
-             "nvfp4 dequantize: ", dir, " data is ", ref::dtype_str(dd.layout.data_dtype),
-             " with ", ref::dtype_str(dd.layout.scale_dtype),
-             " scales; expected e2m1 with e4m3 scales (was it made by another format?)");
-    QR_CHECK(dd.scale_inv.data != nullptr && dd.amax.data != nullptr, "nvfp4 dequantize: ", dir,
-             " data lacks its scales or amax");
-    QR_CHECK(dd.data.data != nullptr || src.rows * src.cols == 0, "nvfp4 dequantize: ", dir,
-             " data pointer is null");
-    QR_CHECK(view_rows(dst) == src.rows && view_cols(dst) == src.cols,
-             "nvfp4 dequantize: destination is ", view_rows(dst), " x ", view_cols(dst),
-             " (as 2-D) but the tensor is ", src.rows, " x ", src.cols);
-    QR_CHECK(TensorView(dst).is_contiguous(), "nvfp4 dequantize: the destination must be "
-             "contiguous");
-    require_supported(dst.device, "dequantize");
-    for (const qr_tensor_view* v : {&dd.data, &dd.scale_inv, &dd.amax})
-      QR_CHECK(same_device(v->device, dst.device), "nvfp4 dequantize: the ", dir,
-               " buffers are on ", device_str(v->device), " but the destination is on ",
-               device_str(dst.device), "; dequantize into a tensor on the data's device");
+    const qr_direction_data& dd = sdk::check_dequantize_call(src, direction, dst, kFormat);
+    sdk::check_stored(dd, layout(src.rows, src.cols, direction), direction, dst.device, kFormat);
     if (dst.device.type == QR_DEVICE_CUDA) {
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
       cuda::dequantize(static_cast<const std::uint8_t*>(dd.data.data),
@@ -279,48 +219,16 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
   }
 
  private:
-  void check_destination(const qr_direction_data& dd, qr_direction d, std::int64_t rows,
-                         std::int64_t cols, const qr_device& src_device) const {
-    const char* dir = direction_str(d);
-    const qr_direction_layout want = layout(rows, cols, d);
-    QR_CHECK(dd.data.dtype == QR_DTYPE_E2M1 && dd.data.ndim == 2 &&
-                 dd.data.shape[0] == want.data_shape[0] &&
-                 dd.data.shape[1] == want.data_shape[1],
-             "nvfp4 quantize: ", dir, " data is ", ref::dtype_str(dd.data.dtype),
-             ref::shape_str(dd.data), "; expected e2m1[", want.data_shape[0], ", ",
-             want.data_shape[1], "]. Allocate it from this quantizer's layout");
-    QR_CHECK(dd.scale_inv.dtype == QR_DTYPE_E4M3 && dd.scale_inv.ndim == 2 &&
-                 dd.scale_inv.shape[0] == want.scale_shape[0] &&
-                 dd.scale_inv.shape[1] == want.scale_shape[1],
-             "nvfp4 quantize: ", dir, " scales are ", ref::dtype_str(dd.scale_inv.dtype),
-             ref::shape_str(dd.scale_inv), "; expected e4m3[", want.scale_shape[0], ", ",
-             want.scale_shape[1], "]. Allocate them from this quantizer's layout");
-    QR_CHECK((dd.data.data != nullptr || rows * cols == 0) &&
-                 (dd.scale_inv.data != nullptr || want.scale_shape[0] * want.scale_shape[1] == 0) &&
-                 dd.amax.data != nullptr,
-             "nvfp4 quantize: the ", dir, " direction lacks its data, scale or amax buffer");
-    QR_CHECK(same_device(dd.data.device, src_device) &&
-                 same_device(dd.scale_inv.device, src_device) &&
-                 same_device(dd.amax.device, src_device),
-             "nvfp4 quantize: the source is on ", device_str(src_device), " but the ", dir,
-             " buffers are on ", device_str(dd.data.device), "; allocate them on the source's "
-             "device");
-  }
-
-  // The checks of a quantize call (usage, shape, destinations) and its request: the
-  // destinations in `out`, the call offset (taken from the counter unless args has one).
+  // The checks of a quantize call (usage, shape, destinations against this quantizer's layout)
+  // and its request: the destinations in `out`, the call offset (taken from the counter
+  // unless args has one).
   ref::Request checked_request(const qr_tensor_view& src, const qr_quantize_args& args,
-                               qr_quantized_tensor& dst, ref::DirectionOut (&out)[2]) {
-    const std::uint32_t usage = sdk::check_quantize_usage(args, dst, "nvfp4");
-    require_supported(src.device, "quantize");
-    const std::int64_t rows = view_rows(src), cols = view_cols(src);
-    QR_CHECK(dst.rows == rows && dst.cols == cols, "nvfp4 quantize: the source is ", rows,
-             " x ", cols, " (as 2-D) but the destination is ", dst.rows, " x ", dst.cols);
-
+                               qr_quantized_tensor& dst, const char* op,
+                               ref::DirectionOut (&out)[2]) {
+    const std::uint32_t usage = sdk::check_quantize_call(src, args, dst, kFormat, op, *this);
     for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
-      if (!(usage & usage_of(d))) continue;
-      qr_direction_data& dd = d == QR_DIRECTION_ROWWISE ? dst.rowwise : dst.columnwise;
-      check_destination(dd, d, rows, cols, src.device);
+      if (!(usage & sdk::usage_of(d))) continue;
+      qr_direction_data& dd = sdk::direction_data(dst, d);
       out[d].data = static_cast<std::uint8_t*>(dd.data.data);
       out[d].scales = static_cast<std::uint8_t*>(dd.scale_inv.data);
       out[d].amax = static_cast<float*>(dd.amax.data);
@@ -338,7 +246,7 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
   void check_cuda_call(const qr_tensor_view& src, const ref::Request& request,
                        const char* op) const {
     ref::check_quantize_call(src, config_, request);
-    require_contiguous(src, op);
+    sdk::require_contiguous_source(src, kFormat, op);
   }
 
   // The CUDA path of quantize: the checks, then the kernels. request.amax is a host pointer;
@@ -349,8 +257,7 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
     cuda::DirectionBuffers buffers[2];
     cuda::quantize(cuda_args(src, request, stream, buffers));
 #else
-    (void)stream;
-    throw_unsupported_device(src.device, "quantize");
+    (void)stream;  // unreachable: checked_request refuses CUDA sources in this build
 #endif
   }
 
@@ -411,8 +318,6 @@ constexpr qr_option_schema kSchema[] = {
                     "stochastic rounding: the Philox key"),
 };
 
-constexpr std::uint32_t kDevices = sdk::kBuiltDevices;
-
 }  // namespace
 }  // namespace qrecipe::nvfp4
 
@@ -421,4 +326,4 @@ constexpr std::uint32_t kDevices = sdk::kBuiltDevices;
 QR_DEFINE_PLUGIN(qrecipe::nvfp4::Nvfp4Quantizer, "nvfp4", "1.0.0",
                  "NVFP4: E2M1 data, E4M3 scales per 16 elements, FP32 tensor amax; optional "
                  "16x16 tiles, Hadamard (wgrad) and stochastic rounding",
-                 qrecipe::nvfp4::kSchema, qrecipe::nvfp4::kDevices)
+                 qrecipe::nvfp4::kSchema, ::qrecipe::sdk::kBuiltDevices)

@@ -1,9 +1,9 @@
-// The 1-D quantize tile of nvfp4, shared by the kernels of nvfp4_kernels.cu (one tensor) and
-// nvfp4_grouped_kernels.cu (every group of a grouped call in one launch), so both run the same
-// per-block code: the kernel parameters and their host-side setup, the stochastic-rounding
-// stream, the block scale code, the warp-tile encoders and quantize_1d_tile (one CTA's tile,
-// both directions). Moved here unchanged from nvfp4_kernels.cu (quantize_1d_kernel is now a
-// wrapper of quantize_1d_tile). CUDA only (nvcc); exactness as nvfp4_kernels.cu says.
+// Device code and kernel parameters that every nvfp4 CUDA pass shares (nvfp4_kernels.cu has
+// the map of the passes): the block size, the stochastic-rounding stream, the block scale
+// code with the hardware E4M3 conversion, the pitches of the stored arrays, and the
+// parameters of the quantize (pass 2) kernels with their host-side setup, used for one tensor
+// and for each group of a grouped call alike. CUDA only (nvcc); exactness as
+// nvfp4_kernels.cu says.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,11 +20,20 @@
 
 namespace qrecipe::nvfp4::cuda {
 
-// Shared helpers of the tile code (qrecipe/cuda_sdk.cuh).
+inline constexpr const char* kFormat = "nvfp4";  // for QR_CUDA_CHECK (cuda_sdk.cuh)
+
+// Shared helpers of the pass code (qrecipe/cuda_sdk.cuh).
+using sdk::cuda::as_stream;
+using sdk::cuda::atomic_max_nonnegative;
 using sdk::cuda::BF16In;
+using sdk::cuda::block_max;
+using sdk::ceil_div;  // qrecipe/plugin_sdk.hpp
+using sdk::cuda::DeviceGuard;
+using sdk::cuda::F16In;
 using sdk::cuda::F32In;
 using sdk::cuda::is_aligned;
 using sdk::cuda::kRunLength;
+using sdk::cuda::load_run;  // runs of kRunLength: 16 bytes, alignas(16)
 using sdk::cuda::valid_in_run;
 
 inline constexpr int kBlock = rules::kBlockSize;  // 16 elements per block scale
@@ -48,8 +57,8 @@ inline std::int64_t scale_pitch(std::int64_t data_cols) {
   return sdk::ceil_div(sdk::ceil_div(data_cols, kBlock), 4) * 4;
 }
 
-// Quantize: one block per 64x64 tile, both requested directions (see the top of
-// nvfp4_kernels.cu).
+// Quantize (pass 2): the parameters of every quantize kernel (nvfp4_quantize_16bit.cu,
+// nvfp4_quantize_tile.cu, nvfp4_grouped_kernels.cu), both requested directions.
 struct QuantizeParams {
   const void* src;
   std::int64_t rows, cols;
@@ -117,289 +126,6 @@ inline QuantizeParams quantize_params(const QuantizeArgs& a) {
   p.row_scale8_ok = p.row_spitch % 8 == 0 && is_aligned(p.row_scales, 8);
   p.col_chunk_ok = p.col_pitch % 16 == 0 && is_aligned(p.col_data, 16);
   return p;
-}
-
-// Quantize, 1-D blocks (no 2d, no Hadamard), f32 sources and stochastic rounding (one tensor
-// of 16-bit sources with round to nearest: quantize_16bit_kernel of nvfp4_kernels.cu; grouped
-// calls use this tile for every source dtype). A warp quantizes 32 x 32 warp tiles in the
-// layout of cuda_sdk.cuh (lane 4 rg + cg: rows 4 rg .. 4 rg + 3, columns 8 cg .. 8 cg + 7,
-// one 16-byte load per row), straight from registers:
-//   rowwise     a 1x16 block is one row of a lane pair (cg 0-1 or 2-3): amax and NaN mark by
-//               one shuffle; the lane's 8 codes are one 4-byte store of packed E2M1
-//   columnwise  a 16x1 block is one column of 4 lanes (rg 0-3 or 4-7): a two-step
-//               reduce-scatter leaves each lane 2 columns' amaxes, whose encode factors are
-//               then gathered back; the 4 codes of a column are 2 bytes of one row of the
-//               transposed output, paired with the next row group's by a shuffle into one
-//               4-byte store
-// A CTA is 8 warps side by side (64 x 256 with 2 row tiles a warp, loaded before use); the
-// scale bytes of the CTA are collected in shared memory and stored as 16 bytes a data row
-// (rowwise) and 4 bytes a data row (columnwise) at the end.
-template <class In>
-struct Tile1d {
-  static constexpr int kWarps = 8;
-  static constexpr int kThreads = 32 * kWarps;
-  // Warp tiles loaded ahead per warp (an f32 run is two 16-byte loads already).
-  static constexpr int kRowTiles = sizeof(typename In::Storage) == 4 ? 1 : 2;
-  static constexpr int kRows = 32 * kRowTiles;  // 64 (f32: 32)
-  static constexpr int kCols = 32 * kWarps;     // 256
-  static constexpr int kRowScaleBytes = kCols / kBlock;  // 16 per CTA row
-  static constexpr int kColScaleBytes = kRows / kBlock;  // 4 (f32: 2) per CTA column
-  static constexpr int kMinBlocksPerSM = 3;
-  static_assert(kBlock == 16, "a row block is 2 lanes, a column block 4 lanes");
-  static_assert(kRowScaleBytes == 16 && kColScaleBytes <= 4, "scale rows as one vector");
-};
-
-// The E2M1 code (low nibble) of v = x * enc: round to nearest (== rules::round_nearest, via
-// num::fast::f32_to_e2m1, or, when no element of the warp tile is NaN, the magnitude of
-// |x| * enc with x's sign: |x * enc| = |x| * enc and the sign is x's because enc is positive
-// and finite, and f32_to_e2m1_non_nan == f32_to_e2m1 off NaN) or stochastic rounding with the
-// element's random word.
-template <bool kStochastic, bool kNaNFree>
-__device__ __forceinline__ std::uint32_t encode_element(float x, float enc,
-                                                        const RandomStream& random,
-                                                        std::uint64_t index) {
-  if constexpr (kStochastic)
-    return rules::round_stochastic(x * enc,
-                                   sr_random_word(random.seed, index, random.call_offset)) &
-           0xFu;
-  else if constexpr (kNaNFree)
-    return num::fast::e2m1_magnitude(fabsf(x) * enc) | ((__float_as_uint(x) >> 28) & 0x8u);
-  else
-    return num::fast::f32_to_e2m1(x * enc);
-}
-
-// Column k's 4 codes (rows first_row .. + 3 of transposed row col + k) in 16 bits, k = 0..7.
-template <bool kStochastic, bool kNaNFree>
-__device__ __forceinline__ void encode_columns(const float (&x)[4][8], const float (&enc)[8],
-                                               const RandomStream& random, std::int64_t col,
-                                               std::int64_t rows, std::int64_t first_row,
-                                               std::uint32_t (&half)[8]) {
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    std::uint32_t h = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      h |= encode_element<kStochastic, kNaNFree>(
-               x[i][k], enc[k], random, static_cast<std::uint64_t>((col + k) * rows + first_row + i))
-           << (4 * i);
-    half[k] = h;
-  }
-}
-
-// Codes of one warp tile, both directions (see quantize_1d_kernel). kNaNFree: no element of
-// the warp's tile is NaN (the common case: no per-element NaN test).
-template <bool kStochastic, bool kNaNFree>
-__device__ __forceinline__ std::uint32_t encode_row8(const float (&x)[8], float enc,
-                                                     const RandomStream& random,
-                                                     std::uint64_t first_index) {
-  std::uint32_t word = 0;
-#pragma unroll
-  for (int k = 0; k < 8; ++k)
-    word |= encode_element<kStochastic, kNaNFree>(x[k], enc, random, first_index + k) << (4 * k);
-  return word;
-}
-
-// Quantizes tile `tile` (row-major over ceil(rows / kRows) x tiles_per_row tiles) of the
-// tensor `p` describes, with one CTA of Tile1d<In>::kThreads threads.
-template <class In, bool kStochastic>
-__device__ __forceinline__ void quantize_1d_tile(const QuantizeParams& p, const unsigned tile) {
-  using T = Tile1d<In>;
-  constexpr int R = sdk::cuda::kTileRowsPerLane, C = sdk::cuda::kTileColsPerLane;
-  __shared__ alignas(16) std::uint8_t row_scales[T::kRows][T::kRowScaleBytes];
-  __shared__ alignas(4) std::uint8_t col_scales[T::kCols][4];  // kColScaleBytes used
-
-  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  const int rg = lane / 4, cg = lane % 4;
-  const std::int64_t row0 = (tile / p.tiles_per_row) * T::kRows;
-  const std::int64_t cta_col = (tile % p.tiles_per_row) * T::kCols;
-  const std::int64_t col = cta_col + warp * 32 + cg * C;  // this lane's first column
-  const int valid_cols = valid_in_run(col, p.cols, C);
-  const bool want_row = p.row_data != nullptr, want_col = p.col_data != nullptr;
-  const auto* src = static_cast<const typename In::Storage*>(p.src);
-
-  sdk::cuda::Raw8<In> raw[T::kRowTiles][R];
-#pragma unroll
-  for (int t = 0; t < T::kRowTiles; ++t)
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const std::int64_t r = row0 + t * 32 + rg * R + i;
-      const int valid = r < p.rows ? valid_cols : 0;
-      sdk::cuda::load_raw8<In>(src, r * p.cols + col, valid, p.src_aligned && valid == C,
-                               raw[t][i]);
-    }
-  float row_s_enc = 1.0f, row_s_dec = 1.0f, col_s_enc = 1.0f, col_s_dec = 1.0f;
-  if (want_row) {
-    row_s_enc = rules::encode_scale(*p.row_amax);
-    row_s_dec = 1.0f / row_s_enc;
-  }
-  if (want_col) {
-    col_s_enc = rules::encode_scale(*p.col_amax);
-    col_s_dec = 1.0f / col_s_enc;
-  }
-
-#pragma unroll
-  for (int t = 0; t < T::kRowTiles; ++t) {
-    const std::int64_t tile_row = row0 + t * 32;
-    const std::int64_t lane_row = tile_row + rg * R;
-    float x[R][C];
-#pragma unroll
-    for (int i = 0; i < R; ++i) sdk::cuda::decode_raw8<In>(raw[t][i], x[i]);
-
-    bool lane_nan = false;
-#pragma unroll
-    for (int i = 0; i < R; ++i)
-#pragma unroll
-      for (int k = 0; k < C; ++k) lane_nan |= x[i][k] != x[i][k];
-    const bool warp_nan = __any_sync(0xFFFFFFFFu, lane_nan);  // rare: NaN-exact slow path
-
-    if (want_row) {
-      // Bit i: row i of the lane pair's 16 elements (one 1x16 block) holds a NaN.
-      std::uint32_t nan_rows = 0;
-      if (warp_nan) {
-#pragma unroll
-        for (int i = 0; i < R; ++i) {
-          bool any = false;
-#pragma unroll
-          for (int k = 0; k < C; ++k) any |= x[i][k] != x[i][k];
-          nan_rows |= any ? 1u << i : 0u;
-        }
-        nan_rows |= __shfl_xor_sync(0xFFFFFFFFu, nan_rows, 1);
-      }
-      float amax[R];
-#pragma unroll
-      for (int i = 0; i < R; ++i) {
-        amax[i] = 0.0f;
-#pragma unroll
-        for (int k = 0; k < C; ++k) amax[i] = fmaxf(amax[i], num::abs_f(x[i][k]));  // NaN ignored
-        amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xFFFFFFFFu, amax[i], 1));
-      }
-      // The pair agrees on all 4 rows: the even lane works out the scales of rows 0-1, the odd
-      // lane of rows 2-3, and they swap encode factors.
-      const bool odd = cg & 1;
-      float mine[2];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int i = (odd ? 2 : 0) + j;
-        const float block_amax = odd ? amax[2 + j] : amax[j];
-        const std::uint8_t code = block_scale_code(block_amax, row_s_enc);
-        mine[j] = rules::element_encode_factor(code, row_s_dec);
-        row_scales[t * 32 + rg * R + i][warp * 2 + cg / 2] =
-            (nan_rows >> i) & 1u ? rules::kNanScaleCode : code;
-      }
-      const float other0 = __shfl_xor_sync(0xFFFFFFFFu, mine[0], 1);
-      const float other1 = __shfl_xor_sync(0xFFFFFFFFu, mine[1], 1);
-      const float enc[R] = {odd ? other0 : mine[0], odd ? other1 : mine[1],
-                            odd ? mine[0] : other0, odd ? mine[1] : other1};
-#pragma unroll
-      for (int i = 0; i < R; ++i) {
-        const std::int64_t r = lane_row + i;
-        const auto first = static_cast<std::uint64_t>(r * p.cols + col);
-        const std::uint32_t word =
-            warp_nan ? encode_row8<kStochastic, false>(x[i], enc[i], p.random, first)
-                     : encode_row8<kStochastic, true>(x[i], enc[i], p.random, first);
-        if (r < p.rows && valid_cols > 0) {
-          const int valid_bytes = (valid_cols + 1) / 2;
-          sdk::cuda::store_bytes4(p.row_data, r * p.row_pitch + col / 2, valid_bytes,
-                                  p.row_vector_ok && valid_bytes == 4, word);
-        }
-      }
-    }
-
-    if (want_col) {
-      float colmax[C];
-      std::uint32_t nan_cols = 0;  // bit k: column k of the 16x1 block holds a NaN
-#pragma unroll
-      for (int k = 0; k < C; ++k) {
-        colmax[k] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < R; ++i) colmax[k] = fmaxf(colmax[k], num::abs_f(x[i][k]));
-      }
-      if (warp_nan) {
-#pragma unroll
-        for (int k = 0; k < C; ++k) {
-          bool any = false;
-#pragma unroll
-          for (int i = 0; i < R; ++i) any |= x[i][k] != x[i][k];
-          nan_cols |= any ? 1u << k : 0u;
-        }
-        // Over the 4 lanes of a 16x1 block (lane bits 2 and 3).
-        nan_cols |= __shfl_xor_sync(0xFFFFFFFFu, nan_cols, 8);
-        nan_cols |= __shfl_xor_sync(0xFFFFFFFFu, nan_cols, 4);
-      }
-      const bool b3 = lane & 8, b2 = lane & 4;
-      float a[4], own_max[2];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {  // a[k]: column 4 b3 + k
-        const float send = b3 ? colmax[k] : colmax[k + 4], keep = b3 ? colmax[k + 4] : colmax[k];
-        a[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 8));
-      }
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {  // own_max[k]: column 4 b3 + 2 b2 + k
-        const float send = b2 ? a[k] : a[k + 2], keep = b2 ? a[k + 2] : a[k];
-        own_max[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 4));
-      }
-      const int own_col = 4 * b3 + 2 * b2;  // within the lane's cg: columns own_col, +1
-      float own_enc[2];
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const std::uint8_t code = block_scale_code(own_max[k], col_s_enc);
-        own_enc[k] = rules::element_encode_factor(code, col_s_dec);
-        col_scales[warp * 32 + cg * C + own_col + k][t * 2 + rg / 4] =
-            (nan_cols >> (own_col + k)) & 1u ? rules::kNanScaleCode : code;
-      }
-      // Column j of this lane's cg: from the lane of the same 16-row group (rg / 4) holding it.
-      float enc[C];
-#pragma unroll
-      for (int j = 0; j < C; ++j)
-        enc[j] = __shfl_sync(0xFFFFFFFFu, own_enc[j & 1], ((rg / 4) * 4 + j / 2) * 4 + cg);
-      // Column k's 4 codes: 2 bytes of transposed row col + k at rows lane_row ..
-      std::uint32_t half[C];
-      if (warp_nan) encode_columns<kStochastic, false>(x, enc, p.random, col, p.rows, lane_row, half);
-      else encode_columns<kStochastic, true>(x, enc, p.random, col, p.rows, lane_row, half);
-      // Lane pairs rg = 2m, 2m + 1 (lane bit 2) make 8 rows = 4 bytes: the even lane stores
-      // columns 0..3, the odd lane columns 4..7.
-      const bool odd = rg & 1;
-      const std::uint32_t send_lo = odd ? half[0] | (half[1] << 16) : half[4] | (half[5] << 16);
-      const std::uint32_t send_hi = odd ? half[2] | (half[3] << 16) : half[6] | (half[7] << 16);
-      const std::uint32_t got_lo = __shfl_xor_sync(0xFFFFFFFFu, send_lo, 4);
-      const std::uint32_t got_hi = __shfl_xor_sync(0xFFFFFFFFu, send_hi, 4);
-      const std::uint32_t partner[4] = {got_lo & 0xFFFFu, got_lo >> 16, got_hi & 0xFFFFu,
-                                        got_hi >> 16};
-      const std::int64_t pair_row = tile_row + (rg & ~1) * R;  // first of the 8 rows
-      const int valid_rows = valid_in_run(pair_row, p.rows, 2 * R);
-      const int valid_bytes = (valid_rows + 1) / 2;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int c = odd ? k + 4 : k;
-        const std::uint32_t word = odd ? partner[k] | (half[k + 4] << 16) : half[k] | (partner[k] << 16);
-        if (c < valid_cols && valid_bytes > 0)
-          sdk::cuda::store_bytes4(p.col_data, (col + c) * p.col_pitch + pair_row / 2, valid_bytes,
-                                  p.col_vector_ok && valid_bytes == 4, word);
-      }
-    }
-  }
-
-  // Scale bytes of the CTA (the same branch for the whole grid: uniform barrier).
-  __syncthreads();
-  const int tid = static_cast<int>(threadIdx.x);
-  if (want_row && tid < T::kRows && row0 + tid < p.rows) {
-    const std::int64_t first_block = cta_col / kBlock;
-    const int blocks = (valid_in_run(cta_col, p.cols, T::kCols) + kBlock - 1) / kBlock;
-    const uint4 v = *reinterpret_cast<const uint4*>(row_scales[tid]);
-    std::uint8_t* dst = p.row_scales + (row0 + tid) * p.row_spitch + first_block;
-    if (p.row_scale_vector_ok && blocks == T::kRowScaleBytes) {
-      *reinterpret_cast<uint4*>(dst) = v;
-    } else {
-      for (int b = 0; b < blocks; ++b) dst[b] = row_scales[tid][b];
-    }
-  }
-  if (want_col && cta_col + tid < p.cols) {
-    const std::int64_t first_block = row0 / kBlock;
-    const int blocks = (valid_in_run(row0, p.rows, T::kRows) + kBlock - 1) / kBlock;
-    const std::uint32_t v = *reinterpret_cast<const std::uint32_t*>(col_scales[tid]);  // low bytes
-    sdk::cuda::store_bytes4(p.col_scales, (cta_col + tid) * p.col_spitch + first_block, blocks,
-                            p.col_scale_vector_ok && blocks == 4, v);  // f32: never 4
-  }
 }
 
 }  // namespace qrecipe::nvfp4::cuda

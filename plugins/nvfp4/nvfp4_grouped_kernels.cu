@@ -13,7 +13,7 @@
 // by value as __grid_constant__ kernel parameters; a CTA finds its group by binary search over
 // the table's prefix sums of CTAs (sdk::cuda::find_group). Cast tiles start at each group's
 // first row, so no 16x1 block crosses an expert boundary: the cast CTA runs quantize_1d_tile
-// (nvfp4_device.cuh, the code of the one-tensor quantize_1d_kernel) with the very
+// (nvfp4_tile1d.cuh, the code of the one-tensor quantize_1d_kernel) with the very
 // QuantizeParams that nvfp4_kernels.cu's quantize builds for that group alone (the same
 // quantize_params), reading the group's amax from its own buffer.
 //
@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "nvfp4_device.cuh"
+#include "nvfp4_tile1d.cuh"
 #include "qrecipe/cuda_sdk.cuh"
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_sdk.hpp"
@@ -36,16 +37,7 @@
 namespace qrecipe::nvfp4::cuda {
 namespace {
 
-constexpr const char* kFormat = "nvfp4";  // for QR_CUDA_CHECK (cuda_sdk.cuh)
-
-using sdk::ceil_div;
-using sdk::cuda::as_stream;
-using sdk::cuda::atomic_max_nonnegative;
-using sdk::cuda::block_max;
-using sdk::cuda::DeviceGuard;
-using sdk::cuda::F16In;
 using sdk::cuda::find_group;
-using sdk::cuda::load_run;
 
 // ---------------------------------------------------------------- 1. the group tables
 
@@ -141,44 +133,37 @@ void launch_grouped(const std::vector<QuantizeArgs>& groups) {
   using T = Tile1d<In>;
   const std::int64_t cols = groups.front().cols;
   const cudaStream_t stream = as_stream(groups.front().stream);
-  for (std::size_t first = 0; first < groups.size(); first += kMaxGroupsPerLaunch) {
-    AmaxTable amax{};
+  sdk::cuda::for_each_group_chunk<AmaxTable>(groups.size(), [&](AmaxTable& amax,
+                                                                std::size_t first) {
     CastTable cast{};
-    const std::size_t left = groups.size() - first;
-    const int n = static_cast<int>(left < static_cast<std::size_t>(kMaxGroupsPerLaunch)
-                                       ? left
-                                       : static_cast<std::size_t>(kMaxGroupsPerLaunch));
-    amax.count = n;
-    cast.count = n;
-    std::int64_t amax_blocks = 0, cast_blocks = 0;
-    for (int i = 0; i < n; ++i) {
+    cast.count = amax.count;
+    for (int i = 0; i < amax.count; ++i) {
       const QuantizeArgs& a = groups[first + static_cast<std::size_t>(i)];
-      const std::int64_t numel = a.rows * cols;
       AmaxEntry& ae = amax.group[i];
-      ae.first_block = amax_blocks;
       ae.src = a.src;
-      ae.numel = numel;
+      ae.numel = a.rows * cols;
       ae.src_aligned = sdk::cuda::is_aligned(a.src, 16);
       ae.out0 = a.rowwise ? a.rowwise->amax : nullptr;
       ae.out1 = a.columnwise ? a.columnwise->amax : nullptr;
-      amax_blocks += ceil_div(numel, kAmaxChunk<In>);
-      CastEntry& ce = cast.group[i];
-      ce.first_block = cast_blocks;
-      if (numel == 0) continue;  // amax only (+0), as quantize of an empty tensor
-      ce.p = quantize_params(a);
-      ce.p.tiles_per_row = ceil_div(cols, T::kCols);
-      cast_blocks += ceil_div(a.rows, T::kRows) * ce.p.tiles_per_row;
+      if (ae.numel == 0) continue;  // amax only (+0), as quantize of an empty tensor
+      QuantizeParams& p = cast.group[i].p;
+      p = quantize_params(a);
+      p.tiles_per_row = ceil_div(cols, T::kCols);
     }
+    const std::int64_t amax_blocks = amax.assign_first_blocks(
+        [](const AmaxEntry& e) { return ceil_div(e.numel, kAmaxChunk<In>); });
+    const std::int64_t cast_blocks = cast.assign_first_blocks(
+        [](const CastEntry& e) { return ceil_div(e.p.rows, T::kRows) * e.p.tiles_per_row; });
     zero_group_amax_kernel<<<1, kMaxGroupsPerLaunch, 0, stream>>>(amax);
     QR_CUDA_CHECK_LAUNCH("zero_group_amax_kernel");
-    if (cast_blocks == 0) continue;  // only empty groups in this chunk
+    if (cast_blocks == 0) return;  // only empty groups in this chunk
     grouped_amax_kernel<In>
         <<<grid_of(amax_blocks, "the amax pass"), kAmaxThreads, 0, stream>>>(amax);
     QR_CUDA_CHECK_LAUNCH("grouped_amax_kernel");
     grouped_quantize_1d_kernel<In, kStochastic>
         <<<grid_of(cast_blocks, "the cast pass"), T::kThreads, 0, stream>>>(cast);
     QR_CUDA_CHECK_LAUNCH("grouped_quantize_1d_kernel");
-  }
+  });
 }
 
 template <class In>
@@ -192,11 +177,7 @@ void dispatch_rounding(const std::vector<QuantizeArgs>& groups) {
 void quantize_grouped(const std::vector<QuantizeArgs>& groups) {
   QR_CHECK(!groups.empty(), "nvfp4 CUDA quantize_grouped: no groups; pass at least one");
   const QuantizeArgs& a0 = groups.front();
-  QR_CHECK_CODE(a0.src_dtype == QR_DTYPE_F32 || a0.src_dtype == QR_DTYPE_BF16 ||
-                    a0.src_dtype == QR_DTYPE_F16,
-                QR_STATUS_UNSUPPORTED, "nvfp4 CUDA quantize_grouped: source dtype code ",
-                static_cast<int>(a0.src_dtype), " is not f32, bf16 or f16; convert the tensor "
-                "first");
+  sdk::cuda::check_source_dtype(a0.src_dtype, kFormat, "quantize_grouped");
   QR_CHECK(!a0.two_d && !a0.hadamard, "nvfp4 CUDA quantize_grouped: covers the 1-D options "
            "only (no 2d, no hadamard); quantize those groups one by one");
   QR_CHECK(a0.cols >= 0, "nvfp4 CUDA quantize_grouped: negative column count ", a0.cols);

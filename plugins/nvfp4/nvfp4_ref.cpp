@@ -18,6 +18,8 @@
 namespace qrecipe::nvfp4::ref {
 namespace {
 
+using sdk::dtype_str;
+using sdk::shape_str;
 using sdk::ceil_div;
 using sdk::matrix_shape;
 using sdk::round_up;
@@ -96,14 +98,6 @@ std::int64_t scale_cols(std::int64_t data_cols) {
 }
 
 // ---------------------------------------------------------------- 3. host matrix helpers
-
-const char* dtype_str(std::int32_t dtype) { return sdk::dtype_str(dtype); }
-
-std::string shape_str(const qr_tensor_view& v) {
-  std::string s = "[";
-  for (int d = 0; d < v.ndim; ++d) s += (d ? ", " : "") + std::to_string(v.shape[d]);
-  return s + "]";
-}
 
 void check_source_view(const qr_tensor_view& src) { sdk::check_source_view(src, "nvfp4"); }
 

@@ -81,10 +81,6 @@ std::int64_t scale_cols(std::int64_t data_cols);        // roundup(ceil(data_col
 
 // ---------------------------------------------------------------- 3. host matrix helpers
 
-// Name of a qr_dtype for messages ("bf16").
-const char* dtype_str(std::int32_t dtype);
-// "[2, 3, 4]"
-std::string shape_str(const qr_tensor_view& v);
 
 // Throws unless src is a well-formed view of an f32/bf16/f16 tensor (any device): what every
 // quantize and amax path checks before it looks at the data.

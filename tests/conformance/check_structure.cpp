@@ -204,6 +204,37 @@ void check_layout(const CaseContext& c) {
     CHECK_MESSAGE(diff.empty(), "quantize_into of " << big.str() << " over a tensor holding other "
                                                     << "values differs from quantize: " << diff);
   });
+
+  // quantize_into a destination whose layout or buffers disagree with layout() (a tensor of
+  // another quantizer, or one altered after allocation) is refused with a qrecipe::Error
+  // before anything is written: a plugin checks its destinations itself, as its C entry is
+  // also reached without the engine in front (the host table's quantizer_quantize).
+  attempt("quantize_into a mismatched destination", [&] {
+    struct Mismatch {
+      const char* what;
+      void (*apply)(qr_direction_data&);
+    };
+    const Mismatch mismatches[] = {
+        {"a data buffer of another dtype",
+         [](qr_direction_data& dd) {
+           dd.data.dtype = dd.data.dtype == QR_DTYPE_F32 ? QR_DTYPE_F16 : QR_DTYPE_F32;
+         }},
+        {"a data buffer one row longer", [](qr_direction_data& dd) { dd.data.shape[0] += 1; }},
+        {"a layout with other blocks", [](qr_direction_data& dd) { dd.layout.block_rows += 1; }},
+        {"a null data pointer", [](qr_direction_data& dd) { dd.data.data = nullptr; }},
+    };
+    Fixture fx(c);
+    fx.prime(big.view());
+    for (const qr_direction d : c.directions) {
+      for (const Mismatch& m : mismatches) {
+        INFO(big.str() << ", the " << std::string(direction_name(d)) << " direction with "
+                       << m.what);
+        QuantizedTensor t = fx.quantize(big.view(), c.usage, c.repeatable());
+        m.apply(d == QR_DIRECTION_ROWWISE ? t.c().rowwise : t.c().columnwise);
+        CHECK_THROWS_AS(fx.quantize_into(big.view(), t, c.repeatable()), Error);
+      }
+    }
+  });
 }
 
 void check_directions(const CaseContext& c) {

@@ -20,7 +20,9 @@
 //   layout       data shape is [rows, cols] ([cols, rows] when transposed), scale arrays
 //                cover every block, quantize writes inside the buffers layout() sized
 //                (guard bytes), a 3-D source equals its 2-D view, a strided source equals
-//                its contiguous copy (or is refused with an error), quantize_into == quantize
+//                its contiguous copy (or is refused with an error), quantize_into == quantize,
+//                and quantize_into a destination whose layout or buffers disagree with
+//                layout() (dtype, shape, block geometry, a null buffer) throws
 //   directions   a one-direction quantize equals that direction of a two-direction one;
 //                columnwise_is_transpose formats decode both directions to the same values
 //   determinism  same input, same bytes (stochastic formats: same rng_offset, same bytes;

@@ -239,7 +239,8 @@ void check_zeros_and_denormals(const CaseContext& c);
 void check_nan_and_inf(const CaseContext& c);
 void check_exact_values(const CaseContext& c);
 void check_shapes(const CaseContext& c);         // single element, empty, partial blocks
-void check_layout(const CaseContext& c);         // buffers, guards, 3-D, strided, quantize_into
+void check_layout(const CaseContext& c);         // buffers, guards, 3-D, strided, quantize_into,
+                                                 // mismatched destinations
 void check_directions(const CaseContext& c);
 void check_determinism(const CaseContext& c);    // repeatability, rng_offset, amax paths
 void check_options(const Suite& suite, const Registry& registry);  // once per suite

@@ -1,7 +1,9 @@
 // Header-only CUDA helpers for plugin kernel files (.cu): CUDA error checks that name the
-// failing call, a guard that makes a device current and restores the previous one, input and
-// output element traits, 16-byte vector loads, and block / atomic maxima. Include it only from
-// CUDA translation units; nothing here is linked from the engine.
+// failing call, a guard that makes a device current and restores the previous one,
+// stream-ordered scratch memory, input and output element traits, 16-byte vector loads, warp
+// tiles, block / atomic maxima, the amax of a whole tensor, the dequantize of row-major codes
+// in 16-byte runs, and the group tables of grouped launches. Include it only from CUDA
+// translation units; nothing here is linked from the engine.
 //
 // Exactness: the element traits widen and round through qrecipe::num (conversions.hpp), and
 // the maxima are exact, so kernels built on these helpers keep the bytes of the CPU references.
@@ -9,11 +11,12 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <string>
-
 #include <type_traits>
+#include <vector>
 
 #include "qrecipe/conversions.hpp"
 #include "qrecipe/error.hpp"
@@ -67,7 +70,8 @@ class DeviceGuard {
 // The ABI passes streams as void*.
 inline cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
-inline bool is_aligned(const void* p, std::size_t bytes) {
+// Whether p is a multiple of `bytes` (host and device).
+__host__ __device__ inline bool is_aligned(const void* p, std::size_t bytes) {
   return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
 }
 
@@ -75,6 +79,67 @@ inline bool is_aligned(const void* p, std::size_t bytes) {
 inline unsigned grid_for(std::int64_t work_items, int threads, std::int64_t max_blocks) {
   const std::int64_t blocks = (work_items + threads - 1) / threads;
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > max_blocks ? max_blocks : blocks));
+}
+
+// Streaming multiprocessors of the current device.
+inline int sm_count(const char* format) {
+  int device = 0, count = 0;
+  check_cuda(cudaGetDevice(&device), format, "cudaGetDevice(&device)", QR_WHERE());
+  check_cuda(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), format,
+             "cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device)",
+             QR_WHERE());
+  return count;
+}
+
+// A CUDA entry's source must be f32, bf16 or f16 (QR_STATUS_UNSUPPORTED otherwise): the
+// kernels dispatch on those three and read anything else as f16.
+inline void check_source_dtype(qr_dtype dtype, const char* format, const char* entry) {
+  QR_CHECK_CODE(dtype == QR_DTYPE_F32 || dtype == QR_DTYPE_BF16 || dtype == QR_DTYPE_F16,
+                QR_STATUS_UNSUPPORTED, format, " CUDA ", entry, ": source dtype code ",
+                static_cast<int>(dtype), " is not f32, bf16 or f16; convert the tensor first");
+}
+
+// `count` elements of T of stream-ordered device memory on the current device, from
+// cudaMallocAsync on `stream` (or from `pool`), given back with cudaFreeAsync on the same
+// stream on every path, exceptions included: work queued before the free still sees it.
+template <class T>
+class StreamScratch {
+ public:
+  StreamScratch(std::size_t count, cudaStream_t stream, const char* format,
+                cudaMemPool_t pool = nullptr)
+      : stream_(stream) {
+    void** out = reinterpret_cast<void**>(&ptr_);
+    if (pool != nullptr)
+      check_cuda(cudaMallocFromPoolAsync(out, count * sizeof(T), pool, stream), format,
+                 "cudaMallocFromPoolAsync(out, count * sizeof(T), pool, stream)", QR_WHERE());
+    else
+      check_cuda(cudaMallocAsync(out, count * sizeof(T), stream), format,
+                 "cudaMallocAsync(out, count * sizeof(T), stream)", QR_WHERE());
+  }
+  ~StreamScratch() {
+    if (ptr_) cudaFreeAsync(ptr_, stream_);  // best effort in a destructor
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  T* get() const { return ptr_; }
+
+ private:
+  T* ptr_ = nullptr;
+  cudaStream_t stream_;
+};
+
+// ---------------------------------------------------------------- direction requests
+
+// Which directions one quantize kernel instance writes: each request (rowwise, columnwise,
+// both) runs its own instance, compiled without the other direction's code, registers and
+// shared memory.
+enum class Directions { kRowwise, kColumnwise, kBoth };
+
+__host__ __device__ constexpr bool has_rowwise(Directions d) {
+  return d != Directions::kColumnwise;
+}
+__host__ __device__ constexpr bool has_columnwise(Directions d) {
+  return d != Directions::kRowwise;
 }
 
 // ---------------------------------------------------------------- element traits
@@ -101,6 +166,10 @@ struct F32Out {
 struct BF16Out {
   using Storage = std::uint16_t;
   static __device__ __forceinline__ Storage from_f32(float v) { return num::f32_to_bf16(v); }
+};
+struct F16Out {
+  using Storage = std::uint16_t;
+  static __device__ __forceinline__ Storage from_f32(float v) { return num::f32_to_f16(v); }
 };
 
 // ---------------------------------------------------------------- device: vector access
@@ -378,8 +447,10 @@ void launch_amax(const void* src, std::int64_t numel, float* amax_out, cudaStrea
 
 // max |x| over `numel` elements of a contiguous f32/bf16/f16 device tensor (NaN ignored),
 // returned to the host after synchronizing `stream`. The caller checks src_dtype; any dtype
-// other than f32/bf16 is read as f16. `format` names the plugin in error messages.
-inline float amax_to_host(const void* src, qr_dtype src_dtype, std::int64_t numel,
+// other than f32/bf16 is read as f16. `format` names the plugin in error messages. (A
+// template so that only the translation units that call it compile its three kernels.)
+template <class = void>
+float amax_to_host(const void* src, qr_dtype src_dtype, std::int64_t numel,
                           int device_index, void* stream, const char* format) {
   QR_CHECK(numel >= 0, format, " CUDA compute_amax: negative element count ", numel);
   if (numel == 0) return 0.0f;
@@ -387,34 +458,105 @@ inline float amax_to_host(const void* src, qr_dtype src_dtype, std::int64_t nume
            " elements has a null data pointer");
   DeviceGuard guard(device_index, format);
   const cudaStream_t s = as_stream(stream);
-  // A stream-ordered temporary, freed on every path (exceptions included).
-  struct Scratch {
-    float* ptr = nullptr;
-    cudaStream_t stream;
-    ~Scratch() {
-      if (ptr) cudaFreeAsync(ptr, stream);
-    }
-  } scratch{nullptr, s};
-  check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&scratch.ptr), sizeof(float), s), format,
-             "cudaMallocAsync(reinterpret_cast<void**>(&scratch.ptr), sizeof(float), s)",
-             QR_WHERE());
-  check_cuda(cudaMemsetAsync(scratch.ptr, 0, sizeof(float), s), format,
-             "cudaMemsetAsync(scratch.ptr, 0, sizeof(float), s)", QR_WHERE());
+  const StreamScratch<float> scratch(1, s, format);
+  check_cuda(cudaMemsetAsync(scratch.get(), 0, sizeof(float), s), format,
+             "cudaMemsetAsync(scratch.get(), 0, sizeof(float), s)", QR_WHERE());
   switch (src_dtype) {
-    case QR_DTYPE_F32: launch_amax<F32In>(src, numel, scratch.ptr, s, format); break;
-    case QR_DTYPE_BF16: launch_amax<BF16In>(src, numel, scratch.ptr, s, format); break;
-    default: launch_amax<F16In>(src, numel, scratch.ptr, s, format); break;
+    case QR_DTYPE_F32: launch_amax<F32In>(src, numel, scratch.get(), s, format); break;
+    case QR_DTYPE_BF16: launch_amax<BF16In>(src, numel, scratch.get(), s, format); break;
+    default: launch_amax<F16In>(src, numel, scratch.get(), s, format); break;
   }
   float value = 0.0f;
-  check_cuda(cudaMemcpyAsync(&value, scratch.ptr, sizeof(float), cudaMemcpyDeviceToHost, s),
+  check_cuda(cudaMemcpyAsync(&value, scratch.get(), sizeof(float), cudaMemcpyDeviceToHost, s),
              format,
-             "cudaMemcpyAsync(&value, scratch.ptr, sizeof(float), cudaMemcpyDeviceToHost, s)",
+             "cudaMemcpyAsync(&value, scratch.get(), sizeof(float), cudaMemcpyDeviceToHost, s)",
              QR_WHERE());
   check_cuda(cudaStreamSynchronize(s), format, "cudaStreamSynchronize(s)", QR_WHERE());
   return value;
 }
 
-// ---- grouped quantization (plugin_abi.h, QR_EXTRA_QUANTIZE_GROUPED)
+// ---------------------------------------------------------------- dequantize, 16-byte runs
+
+// Dequantize of one-byte codes stored row-major [rows, cols] (the layout of the destination):
+// a thread decodes runs of kDequantizeRun codes of one row (one 16-byte load, and one vector
+// store of the outputs, where aligned), grid-stride. Only the decode is the format's: a
+// Decoder is a trivially copyable kernel parameter with
+//   __device__ Run run(std::int64_t r, std::int64_t c0) const
+//   __device__ float decode(const Run& run, std::uint8_t q, int k, int valid) const
+// run() gives what the run starting at (r, c0) decodes with (a scale row, say); decode() the
+// value of its element k, code q (only k < valid exist; the others are not stored).
+inline constexpr int kDequantizeThreads = 256;
+inline constexpr int kDequantizeRun = 16;
+inline constexpr std::int64_t kDequantizeMaxBlocks = 8192;  // the grid-stride loop does the rest
+
+template <class Decoder>
+struct DequantizeRunsParams {
+  const std::uint8_t* data;
+  Decoder decoder;
+  std::int64_t rows, cols;
+  std::int64_t runs_per_row;  // ceil(cols / kDequantizeRun)
+  bool aligned;               // cols % 16 == 0, data and dst 16-byte aligned
+};
+
+template <class Out, class Decoder>
+__global__ void __launch_bounds__(kDequantizeThreads)
+    dequantize_runs_kernel(const DequantizeRunsParams<Decoder> p, typename Out::Storage* dst) {
+  using Storage = typename Out::Storage;
+  constexpr int N = kDequantizeRun;
+  const std::int64_t runs = p.rows * p.runs_per_row;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t run = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       run < runs; run += stride) {
+    const std::int64_t r = run / p.runs_per_row;
+    const std::int64_t c0 = (run % p.runs_per_row) * N;
+    const int valid = valid_in_run(c0, p.cols, N);
+    const std::int64_t offset = r * p.cols + c0;
+    const bool whole = p.aligned && valid == N;
+    std::uint8_t q[N];
+    if (whole) {
+      const RunOf<std::uint8_t, N> in =
+          *reinterpret_cast<const RunOf<std::uint8_t, N>*>(p.data + offset);
+#pragma unroll
+      for (int k = 0; k < N; ++k) q[k] = in.v[k];
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; ++k) q[k] = k < valid ? p.data[offset + k] : 0;
+    }
+    RunOf<Storage, N> out;
+    const auto at = p.decoder.run(r, c0);
+#pragma unroll
+    for (int k = 0; k < N; ++k) out.v[k] = Out::from_f32(p.decoder.decode(at, q[k], k, valid));
+    if (whole) {
+      *reinterpret_cast<RunOf<Storage, N>*>(dst + offset) = out;
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; ++k)
+        if (k < valid) dst[offset + k] = out.v[k];
+    }
+  }
+}
+
+// Launches dequantize_runs_kernel<Out> over the [rows, cols] codes at `data` into `dst`
+// (contiguous [rows, cols] of Out::Storage) on `stream`.
+template <class Out, class Decoder>
+void launch_dequantize_runs(const std::uint8_t* data, const Decoder& decoder, std::int64_t rows,
+                            std::int64_t cols, void* dst, cudaStream_t stream,
+                            const char* format) {
+  DequantizeRunsParams<Decoder> p{};
+  p.data = data;
+  p.decoder = decoder;
+  p.rows = rows;
+  p.cols = cols;
+  p.runs_per_row = (cols + kDequantizeRun - 1) / kDequantizeRun;
+  p.aligned = cols % kDequantizeRun == 0 && is_aligned(data, 16) && is_aligned(dst, 16);
+  const unsigned blocks = grid_for(rows * p.runs_per_row, kDequantizeThreads, kDequantizeMaxBlocks);
+  dequantize_runs_kernel<Out, Decoder><<<blocks, kDequantizeThreads, 0, stream>>>(
+      p, static_cast<typename Out::Storage*>(dst));
+  check_cuda(cudaGetLastError(), format, "launch of dequantize_runs_kernel", QR_WHERE());
+}
+
+// ---------------------------------------------------------------- grouped quantization
+// (plugin_abi.h, QR_EXTRA_QUANTIZE_GROUPED)
 
 // The groups of one grouped launch, passed by value as a `__grid_constant__` kernel parameter
 // (no upload, no allocation). `Entry` is the plugin's per-group record; it must have
@@ -425,9 +567,36 @@ struct GroupTable {
   // the kernel's other parameters.
   static_assert(sizeof(Entry) * kMaxGroups + sizeof(int) + 256 <= 32764,
                 "the group table must fit the kernel parameters");
+  static constexpr int kCapacity = kMaxGroups;
   Entry group[kMaxGroups];
   int count;
+
+  // Host: sets each of the `count` entries' first_block to the blocks of the entries before
+  // it (blocks_of(entry), >= 0) and returns the blocks of all of them.
+  template <class BlocksOf>
+  std::int64_t assign_first_blocks(BlocksOf&& blocks_of) {
+    std::int64_t blocks = 0;
+    for (int i = 0; i < count; ++i) {
+      group[i].first_block = blocks;
+      blocks += blocks_of(group[i]);
+    }
+    return blocks;
+  }
 };
+
+// Host: the groups of a grouped call in launches of at most Table::kCapacity: calls
+// fn(table, first) for groups first, first + 1, ... with a zeroed table whose count is set
+// (entry i is group first + i); fn fills the entries and launches.
+template <class Table, class Fn>
+void for_each_group_chunk(std::size_t num_groups, Fn&& fn) {
+  constexpr auto kCapacity = static_cast<std::size_t>(Table::kCapacity);
+  for (std::size_t first = 0; first < num_groups; first += kCapacity) {
+    Table table{};
+    const std::size_t left = num_groups - first;
+    table.count = static_cast<int>(left < kCapacity ? left : kCapacity);
+    fn(table, first);
+  }
+}
 
 // The group of block b: the last group whose first block is <= b. A group without blocks
 // shares its first_block with the next group, which then owns b.
@@ -441,6 +610,62 @@ __device__ __forceinline__ int find_group(const GroupTable<Entry, kMaxGroups>& t
     else hi = mid - 1;
   }
   return lo;
+}
+
+// The table entry of a grouped launch whose CTAs run the format's one-tensor tile code: the
+// group's first block and the parameters the one-tensor launch takes for the group alone.
+template <class Params>
+struct TileGroup {
+  std::int64_t first_block;  // prefix sum of the tiles of the groups before it
+  Params p;
+};
+
+template <class Tile, int kMaxGroups>
+using TileGroupTable = GroupTable<TileGroup<typename Tile::Params>, kMaxGroups>;
+
+// The grouped kernel of a format whose groups run its one-tensor tile code: CTA b quantizes
+// tile b - first_block of its group (row-major, tile_cols tiles a row) with the group's own
+// parameters, read in place from the table. `Tile` is the format's: Params (with `rows`),
+// Shared (the CTA's shared memory), kRows, kCols, kThreads, kMinBlocksPerSM, and
+//   static __device__ void quantize(const Params& p, std::int64_t tile_row,
+//                                   std::int64_t tile_col, Shared& shared)
+// (the interior or the edge path of the one-tensor kernel, as it would choose).
+template <class Tile, int kMaxGroups>
+__global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSM)
+    grouped_tile_kernel(const std::int64_t tile_cols,
+                        const __grid_constant__ TileGroupTable<Tile, kMaxGroups> table) {
+  __shared__ typename Tile::Shared shared;
+  const TileGroup<typename Tile::Params>& e = table.group[find_group(table, blockIdx.x)];
+  const std::int64_t local = static_cast<std::int64_t>(blockIdx.x) - e.first_block;
+  Tile::quantize(e.p, local / tile_cols, local % tile_cols, shared);
+}
+
+// Host: every group of a grouped call through grouped_tile_kernel<Tile>, in launches of at most
+// kMaxGroups groups on `stream`. Group g (with `rows`) gets params_of(g), the parameters the
+// one-tensor kernel would take for it alone, and ceil(rows / kRows) x ceil(cols / kCols) tiles
+// starting at its first row, so no tile crosses a group; a group without elements gets none
+// (its buffers may be null). `format` names the plugin in errors.
+template <class Tile, int kMaxGroups, class Group, class ParamsOf>
+void launch_grouped_tiles(const std::vector<Group>& groups, std::int64_t cols,
+                          ParamsOf&& params_of, cudaStream_t stream, const char* format) {
+  using Table = TileGroupTable<Tile, kMaxGroups>;
+  const std::int64_t tile_cols = (cols + Tile::kCols - 1) / Tile::kCols;
+  for_each_group_chunk<Table>(groups.size(), [&](Table& table, std::size_t first) {
+    for (int i = 0; i < table.count; ++i) {
+      const Group& g = groups[first + static_cast<std::size_t>(i)];
+      if (g.rows > 0 && cols > 0) table.group[i].p = params_of(g);
+    }
+    const std::int64_t tiles = table.assign_first_blocks([&](const auto& e) {
+      return (e.p.rows + Tile::kRows - 1) / Tile::kRows * tile_cols;
+    });
+    if (tiles == 0) return;  // only empty groups in this chunk
+    QR_CHECK(tiles <= INT_MAX, format, " CUDA quantize_grouped: ", tiles, " tiles of ",
+             Tile::kRows, "x", Tile::kCols, "; at most ", INT_MAX, " fit in one grid (split "
+             "the groups over several calls)");
+    grouped_tile_kernel<Tile, kMaxGroups>
+        <<<static_cast<unsigned>(tiles), Tile::kThreads, 0, stream>>>(tile_cols, table);
+    check_cuda(cudaGetLastError(), format, "launch of grouped_tile_kernel", QR_WHERE());
+  });
 }
 
 }  // namespace qrecipe::sdk::cuda

@@ -308,10 +308,12 @@ void* extras(const char* name) {
 // Devices this build of a plugin serves: its CPU reference always, CUDA when the plugin was
 // compiled with its kernels (QRECIPE_PLUGIN_HAS_CUDA, set by qrecipe_add_plugin).
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
-inline constexpr std::uint32_t kBuiltDevices = (1u << QR_DEVICE_CPU) | (1u << QR_DEVICE_CUDA);
+inline constexpr bool kHasCuda = true;
 #else
-inline constexpr std::uint32_t kBuiltDevices = 1u << QR_DEVICE_CPU;
+inline constexpr bool kHasCuda = false;
 #endif
+inline constexpr std::uint32_t kBuiltDevices =
+    (1u << QR_DEVICE_CPU) | (kHasCuda ? 1u << QR_DEVICE_CUDA : 0u);
 
 inline void* no_extras(const char*) { return nullptr; }
 

@@ -27,6 +27,23 @@ inline std::string device_str(const qr_device& d) {
   return d.type == QR_DEVICE_CPU ? "cpu" : "cuda:" + std::to_string(d.index);
 }
 
+// "[d0, d1, ...]" of a view, for messages.
+inline std::string shape_str(const qr_tensor_view& v) {
+  std::string s = "[";
+  for (int d = 0; d < v.ndim; ++d) s += (d ? ", " : "") + std::to_string(v.shape[d]);
+  return s + "]";
+}
+
+// Whether a view is row-major contiguous (dimensions of size 1 may have any stride).
+inline bool is_contiguous(const qr_tensor_view& v) {
+  std::int64_t expected = 1;
+  for (int d = v.ndim - 1; d >= 0; --d) {
+    if (v.shape[d] != 1 && v.strides[d] != expected) return false;
+    expected *= v.shape[d];
+  }
+  return true;
+}
+
 // Name of a qr_quantized_tensor usage mask, for messages.
 inline const char* usage_name(std::uint32_t usage) {
   switch (usage) {
@@ -35,22 +52,6 @@ inline const char* usage_name(std::uint32_t usage) {
     case QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE: return "rowwise+columnwise";
     default: return "no direction";
   }
-}
-
-// The checks a quantize call makes of its arguments: args.struct_size, a usage of rowwise (1),
-// columnwise (2) or both (3), and a destination that holds every requested direction.
-// Returns the usage. `format` names the plugin in the messages.
-inline std::uint32_t check_quantize_usage(const qr_quantize_args& args,
-                                          const qr_quantized_tensor& dst, const char* format) {
-  QR_CHECK(args.struct_size >= sizeof(qr_quantize_args), "qr_quantize_args struct_size ",
-           args.struct_size, " is smaller than this plugin's ", sizeof(qr_quantize_args));
-  const std::uint32_t usage = args.usage;
-  QR_CHECK(usage != 0 && (usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0, format,
-           " quantize: usage must be rowwise (1), columnwise (2) or both (3); got ", usage);
-  QR_CHECK((dst.usage & usage) == usage, format, " quantize: ", usage_name(usage),
-           " requested but the destination holds ", usage_name(dst.usage),
-           "; allocate the destination with the requested usage");
-  return usage;
 }
 
 // Reads element `offset` (in elements) of a f32/bf16/f16 buffer as FP32 (exact widening).
