@@ -315,8 +315,13 @@ void Engine::update_states(const std::vector<std::size_t>& indices,
          explicit_amax[k] ? amaxes[k] : 0.0f, explicit_amax[k] ? 0 : 1});
   }
   // The device copy of a table is reused while the states stay put and the whole set updates
-  // with its own row 0 (every training step); anything else uploads a fresh table.
-  const bool reusable = reduced_amaxes.empty() && indices.size() == states_.size();
+  // with its own row 0 (every training step); anything else uploads a fresh table. A share group
+  // reduced through the host (CPU members, or members on several devices) writes this step's
+  // group amax into its CUDA members' entries, so such a table is fresh every step too.
+  const bool host_reduced_group = std::any_of(explicit_amax.begin(), explicit_amax.end(),
+                                              [](char e) { return e != 0; });
+  const bool reusable =
+      reduced_amaxes.empty() && !host_reduced_group && indices.size() == states_.size();
   for (const auto& [device, updates] : on_device) {
 #if defined(QRECIPE_WITH_CUDA)
     auto& table = device_tables_[device];
