@@ -22,8 +22,9 @@ and the layers below it, never upwards, and there are no import cycles
                      pending; check(model), explain(model); quantize() beside it
     autocasting      autocast: the active recipe and the once-per-step scaling update
     quantized_param  QuantizedWeight and quantized_model_init (parameters stored quantized)
-    checkpointing    checkpoint(): activation checkpointing whose recomputation replays the
-                     forward's recipe
+    recomputation    replaying a qrecipe forward when torch.utils.checkpoint (reentrant or
+                     not; Hugging Face's gradient checkpointing) recomputes it in backward
+    checkpointing    checkpoint(): an alias of torch's non-reentrant checkpoint
   nn/              modules Linear, LayerNormLinear (LayerNorm / RMSNorm + Linear), LayerNormMLP
                    (norm -> fc1 -> GELU / SwiGLU / ... -> fc2), GroupedLinear (MoE experts in
                    one grouped parameter), their base QuantizedModule, the GEMM operations

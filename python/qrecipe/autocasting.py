@@ -21,6 +21,8 @@ import contextlib
 import threading
 from typing import List, Optional
 
+import torch
+
 from .recipe import Recipe, RecipeLike, as_recipe
 
 
@@ -41,6 +43,11 @@ def is_enabled() -> bool:
     return current_recipe() is not None
 
 
+def is_active() -> bool:
+    """Whether any autocast block (enabled or not) is open on this thread."""
+    return bool(_state.stack)
+
+
 def update_pending(recipe: Recipe) -> bool:
     """True when `recipe`'s modules ran on this thread since its last scaling update (the
     update is due at the next outermost block entry): ``recipe.update_pending``."""
@@ -56,7 +63,10 @@ class autocast(contextlib.ContextDecorator):
         self.recipe = as_recipe(recipe) if self.enabled else None
 
     def __enter__(self) -> "autocast":
-        if not _state.stack:
+        # Never during a backward: a block entered there (a checkpointed function recomputed
+        # by torch.utils.checkpoint) must not change the scales between a forward and its
+        # backward.
+        if not _state.stack and torch._C._current_graph_task_id() == -1:
             Recipe.run_pending_updates()
         _state.stack.append(self.recipe)
         return self
@@ -64,16 +74,3 @@ class autocast(contextlib.ContextDecorator):
     def __exit__(self, *exc) -> bool:
         _state.stack.pop()
         return False
-
-
-@contextlib.contextmanager
-def replay(recipe: Optional[Recipe]):
-    """Re-enters the autocast state a forward ran under (qrecipe.checkpoint's recomputation):
-    `recipe` (None: high precision) becomes the innermost entry without running any pending
-    scaling update, so a recomputation inside backward never advances the scales between a
-    forward and its backward."""
-    _state.stack.append(recipe)
-    try:
-        yield
-    finally:
-        _state.stack.pop()

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import autocasting as _autocast
+from .. import recomputation as _recompute
 from .._engine import _C
 from ..quantization import SUPPORTED_DTYPES
 from ..recipe import Recipe, as_recipe
@@ -30,6 +31,7 @@ from .linear_gemms import LinearRoles
 from .module_state import ScalingStateMixin
 
 _ROLE_TYPES = ("input", "weight", "grad_output")
+_RESOLVE = object()  # _linear's default: resolve the recipe of the call itself
 _GEMM_KINDS = ("fprop", "dgrad", "wgrad")
 
 
@@ -189,18 +191,21 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
                 gemm: str = "", is_first_microbatch: Optional[bool] = None,
                 fuse_wgrad_accumulation: bool = False,
                 weight_group: Optional[Tuple[torch.Tensor, int]] = None,
-                weight_operand=None) -> torch.Tensor:
+                weight_operand=None, recipe=_RESOLVE) -> torch.Tensor:
         """``y = x W^T + b`` for GEMM `gemm` under the active recipe: torch's F.linear when
         nothing is quantized, else the quantized GEMMs of ``quantized_linear`` (with its
         weight caching across micro-batches and FP32 main_grad accumulation).
         `weight_group`: ``(parameter, index)`` when `weight` is rows of a grouped parameter
         (the weight cache keeps its entry there). `weight_operand`: `weight` already quantized
-        by the caller for this call (GroupedLinear's grouped quantization), used as is."""
-        recipe = _autocast.current_recipe()
-        if recipe is None:
-            return F.linear(x, weight, bias)
+        by the caller for this call (GroupedLinear's grouped quantization), used as is.
+        `recipe`: the recipe the caller already resolved for this call with
+        :meth:`_gemm_recipe` (None: high precision); by default this call resolves it."""
         in_features = weight.shape[1]
         tokens = x.numel() // in_features if in_features else 0
+        if recipe is _RESOLVE:
+            recipe = self._gemm_recipe(gemm, tokens)
+        if recipe is None:
+            return F.linear(x, weight, bias)
         roles = self.roles(recipe, tokens, gemm)
         if roles.all_none:
             return F.linear(x, weight, bias)
@@ -208,7 +213,25 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
         return quantized_linear(x, weight, bias, roles, is_first_microbatch=is_first_microbatch,
                                 fuse_wgrad_accumulation=fuse_wgrad_accumulation,
                                 who=self._who(), weight_group=weight_group,
-                                weight_operand=weight_operand)
+                                weight_operand=weight_operand,
+                                scaling_generation=recipe.scaling_generation)
+
+    def _gemm_recipe(self, gemm: str = "", tokens: int = 1) -> Optional[Recipe]:
+        """The recipe GEMM `gemm` runs under now (None: high precision): the active autocast
+        recipe, recorded when the call runs inside a checkpointed segment, or the recorded one
+        when torch.utils.checkpoint recomputes the segment during backward
+        (recomputation.py). Every GEMM of a module asks here once per call."""
+        if torch.compiler.is_compiling():
+            return _autocast.current_recipe()  # dynamo guards on the autocast state
+        return _recompute.gemm_recipe(self, gemm, self._who(),
+                                      lambda recipe: self.roles(recipe, tokens, gemm))
+
+    def _peek_recipe(self, gemm: str = "") -> Optional[Recipe]:
+        """What :meth:`_gemm_recipe` would return for the module's next GEMM, without
+        recording or replaying (the input checks run before the GEMM)."""
+        if torch.compiler.is_compiling():
+            return _autocast.current_recipe()
+        return _recompute.peek_recipe(self, gemm)
 
     def _who(self) -> str:
         kind = f"qrecipe.nn.{type(self).__name__}"
@@ -224,7 +247,7 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
         if x.dim() == 0 or x.shape[-1] != in_features:
             raise ValueError(f"{who}: input of shape {tuple(x.shape)} does not end in "
                              f"{what}={in_features}")
-        if _autocast.current_recipe() is None:
+        if self._peek_recipe() is None:
             return
         if x.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"{who}: input dtype {x.dtype} is not supported under "

@@ -72,7 +72,7 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
                      fuse_wgrad_accumulation: bool = False,
                      who: str = "qrecipe module",
                      weight_group: Optional[Tuple[torch.Tensor, int]] = None,
-                     weight_operand=None) -> torch.Tensor:
+                     weight_operand=None, scaling_generation: int = 0) -> torch.Tensor:
     """``y = x W^T + b`` under `roles`: the one entry every qrecipe module uses for its GEMMs.
 
     Builds the autograd graph only when something needs a gradient, so under
@@ -94,13 +94,15 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
         # break instead of dynamo trying to trace the engine bindings.
         return _quantized_linear_not_traced(x, weight, bias, roles, is_first_microbatch,
                                             fuse_wgrad_accumulation, who, weight_group,
-                                            weight_operand)
+                                            weight_operand, scaling_generation)
     return _quantized_linear_eager(x, weight, bias, roles, is_first_microbatch,
-                                   fuse_wgrad_accumulation, who, weight_group, weight_operand)
+                                   fuse_wgrad_accumulation, who, weight_group, weight_operand,
+                                   scaling_generation)
 
 
 def _quantized_linear_eager(x, weight, bias, roles, is_first_microbatch,
-                            fuse_wgrad_accumulation, who, weight_group, weight_operand=None):
+                            fuse_wgrad_accumulation, who, weight_group, weight_operand=None,
+                            scaling_generation=0):
     grad = torch.is_grad_enabled()
     need_dgrad = grad and x.requires_grad
     need_wgrad = grad and weight.requires_grad
@@ -108,7 +110,7 @@ def _quantized_linear_eager(x, weight, bias, roles, is_first_microbatch,
     weight_op = weight_operand  # quantized by the caller (a grouped quantization), or None
     if weight_op is None:
         weight_op = weight_operand_of(weight, roles, need_dgrad, is_first_microbatch, who,
-                                      weight_group)
+                                      weight_group, scaling_generation)
     if not (need_dgrad or need_wgrad or needs_bias_grad):
         return linear_forward(x, weight, bias, roles, False, False, weight_op)[0]
     return LinearFunction.apply(x, weight, bias, roles, need_dgrad, need_wgrad, weight_op,

@@ -30,7 +30,6 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .. import autocasting as _autocast
 from .._engine import _C
 from ..quantization import COLUMNWISE, ROWWISE
 from ..quantized_param import QuantizedWeight
@@ -293,23 +292,19 @@ def _stored_weight_operand(weight: "QuantizedWeight", need_dgrad: bool, who: str
     return stored
 
 
-def _scaling_generation() -> int:
-    """The active recipe's count of delayed-scale changes (0 outside autocast)."""
-    recipe = _autocast.current_recipe()
-    return 0 if recipe is None else recipe.scaling_generation
-
-
 def weight_operand_of(weight: torch.Tensor, roles: LinearRoles, need_dgrad: bool,
                       is_first_microbatch: Optional[bool], who: str,
-                      weight_group: Optional[Tuple[torch.Tensor, int]] = None):
+                      weight_group: Optional[Tuple[torch.Tensor, int]] = None,
+                      scaling_generation: int = 0):
     """The quantized weight operand of one GEMM call, or None when the weight stays in high
     precision (format none): a QuantizedWeight's stored bytes, else the weight quantized now
-    or taken from the weight cache (`is_first_microbatch`, weight_cache.py)."""
+    or taken from the weight cache (`is_first_microbatch`, weight_cache.py; an entry made
+    under another `scaling_generation` of the recipe, see Recipe, is stale)."""
     if isinstance(weight, QuantizedWeight):
         return _stored_weight_operand(weight, need_dgrad, who)
     if roles.weight is None:
         return None
     return cached_weight_operand(
         weight, roles.weight, ROWWISE | (COLUMNWISE if need_dgrad else 0),
-        is_first_microbatch, lambda q, t, u: _quantize(q, t, u), who, _scaling_generation(),
+        is_first_microbatch, lambda q, t, u: _quantize(q, t, u), who, scaling_generation,
         weight_group)
