@@ -9,8 +9,9 @@
 #   test       ctest -j8 (every suite, the test_gpu_parity_<format> entries included)
 #   bench      bench_quantize --out $OUT/bench.json, bench_gemm --out $OUT/bench_gemm.json,
 #              bench/bench_linear.py --out $OUT/bench_linear.json and
-#              bench/bench_grouped_linear.py --out $OUT/bench_grouped_linear.json (when the
-#              adapter is built)
+#              bench/bench_grouped_linear.py --out $OUT/bench_grouped_linear.json and
+#              bench/bench_hf_llama.py --out $OUT/bench_hf_llama.json (when the adapter is
+#              built; the last one when transformers is importable)
 #
 # It needs nvcc, cmake (>= 3.24), ninja (or make) and python3 on the machine, and the Debian
 # packages of the other dependencies in .deps/ (libyaml-cpp-dev, libyaml-cpp0.7,
@@ -29,6 +30,7 @@
 #   BENCH_GEMM_ARGS      extra arguments for bench_gemm (e.g. "--shapes 4096x4096x4096")
 #   BENCH_LINEAR_ARGS    extra arguments for bench_linear.py (e.g. "--recipes default,blockwise")
 #   BENCH_GROUPED_ARGS   extra arguments for bench_grouped_linear.py (e.g. "--configs 8x16384x4096x4096")
+#   BENCH_HF_ARGS        extra arguments for bench_hf_llama.py (e.g. "--check --samples 7")
 #   QRECIPE_GPU_PYTHON   0: do not build the PyTorch adapter (default: built when python3 has
 #                        a CUDA torch; then the test stage also runs pytest tests/python)
 #   CMAKE_ARGS           extra arguments for the configure step
@@ -308,11 +310,21 @@ do_bench() {
       # shellcheck disable=SC2086  # BENCH_GROUPED_ARGS is a list of words on purpose
       PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_grouped_linear.py" \
         --out "$OUT/bench_grouped_linear.json" ${BENCH_GROUPED_ARGS:-} || rc=1
+      # A Hugging Face Llama step (Llama-3-8B layer shapes): BF16, torchao float8 and qrecipe,
+      # eager and compiled (bench/bench_hf_llama.py); needs transformers.
+      if python3 -c "import transformers" >/dev/null 2>&1; then
+        # shellcheck disable=SC2086  # BENCH_HF_ARGS is a list of words on purpose
+        PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_hf_llama.py" \
+          --out "$OUT/bench_hf_llama.json" ${BENCH_HF_ARGS:-} || rc=1
+      else
+        echo "bench_hf_llama.py skipped: transformers is not importable by python3"
+      fi
     fi
   fi
   # One file of the results format (bench/results/<date>-<gpu>.json) and its markdown table.
   local parts=()
-  for f in bench.json bench_gemm.json bench_linear.json bench_grouped_linear.json; do [[ -f $OUT/$f ]] && parts+=("$OUT/$f"); done
+  for f in bench.json bench_gemm.json bench_linear.json bench_grouped_linear.json \
+           bench_hf_llama.json; do [[ -f $OUT/$f ]] && parts+=("$OUT/$f"); done
   python3 "$root/tools/bench_table.py" --merge "$OUT/results.json" "${parts[@]}" >"$OUT/results.md" || rc=1
   return $rc
 }

@@ -214,7 +214,16 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
                                 fuse_wgrad_accumulation=fuse_wgrad_accumulation,
                                 who=self._who(), weight_group=weight_group,
                                 weight_operand=weight_operand,
-                                scaling_generation=recipe.scaling_generation)
+                                scaling_generation=self._scaling_generation(recipe))
+
+    @staticmethod
+    def _scaling_generation(recipe: Recipe) -> int:
+        """The recipe's count of delayed-scale changes, for the weight cache; not read while
+        torch.compile traces (the compiled path has no weight cache, and a guard on a value
+        that advances every step would recompile every step)."""
+        if torch.compiler.is_compiling():
+            return 0
+        return recipe.scaling_generation
 
     def _gemm_recipe(self, gemm: str = "", tokens: int = 1) -> Optional[Recipe]:
         """The recipe GEMM `gemm` runs under now (None: high precision): the active autocast

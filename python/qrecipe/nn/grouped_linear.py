@@ -244,7 +244,7 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
             who = self._who()
             weight_ops = [weight_operand_of(w, roles, need_dgrad, is_first_microbatch, who,
                                             (self.weight, i) if grouped else None,
-                                            recipe.scaling_generation)
+                                            self._scaling_generation(recipe))
                           for i, w in enumerate(weights)]
         fuse = self.fuse_wgrad_accumulation
         call = GroupedCall(splits=splits, roles=roles, weight_ops=weight_ops,

@@ -17,11 +17,11 @@ from typing import Optional, Tuple
 
 import torch
 
-from .._engine import _C
 from ..quantized_param import QuantizedWeight
 from . import compile_ops as _compile_ops
 from .compile_ops import compiled_linear
 from .linear_gemms import LinearRoles, linear_backward, linear_forward, weight_operand_of
+from .saved_operands import pack_all, unpack_all
 
 
 class LinearFunction(torch.autograd.Function):
@@ -40,19 +40,22 @@ class LinearFunction(torch.autograd.Function):
         ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weight.dtype
         ctx.has_bias = bias is not None
         ctx.bias_dtype = bias.dtype if bias is not None else None
-        # Quantized operands are engine objects (kept on ctx); high-precision ones are tensors
-        # and go through save_for_backward so in-place changes are detected.
-        ctx.saved_q = (saved_x if isinstance(saved_x, _C.QuantizedTensor) else None,
-                       saved_w if isinstance(saved_w, _C.QuantizedTensor) else None)
-        ctx.save_for_backward(saved_x if isinstance(saved_x, torch.Tensor) else None,
-                              saved_w if isinstance(saved_w, torch.Tensor) else None)
+        # Everything saved goes through save_for_backward as plain tensors (a quantized operand
+        # as the tensors of its bytes and scales, saved_operands.py), so saved-tensor hooks
+        # (CPU offload, activation checkpointing) see it, and in-place changes of a dense one
+        # are detected. A weight operand the caller gave (cached across micro-batches, stored
+        # quantized, a grouped quantization's) belongs to the weight, not to this step: it
+        # stays on ctx.
+        ctx.given_w = saved_w if weight_op is not None else None
+        tensors, ctx.packed = pack_all((saved_x, None if weight_op is not None else saved_w))
+        ctx.save_for_backward(*tensors)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        dense_x, dense_w = ctx.saved_tensors
-        saved_x = ctx.saved_q[0] if ctx.saved_q[0] is not None else dense_x
-        saved_w = ctx.saved_q[1] if ctx.saved_q[1] is not None else dense_w
+        saved_x, saved_w = unpack_all(ctx.saved_tensors, ctx.packed)
+        if ctx.given_w is not None:
+            saved_w = ctx.given_w
         dy2 = dy.reshape(-1, ctx.roles.plan["out_features"]).contiguous()
         dx, dw = linear_backward(dy2, saved_x, saved_w, ctx.roles, x_shape=ctx.x_shape,
                                  x_dtype=ctx.x_dtype, w_dtype=ctx.w_dtype,
@@ -62,7 +65,7 @@ class LinearFunction(torch.autograd.Function):
         db = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.float().sum(0).to(ctx.bias_dtype)
-        ctx.saved_q = None
+        ctx.given_w = None
         ctx.main_grad_weight = None
         return dx, dw, db, None, None, None, None, None
 
