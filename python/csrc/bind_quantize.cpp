@@ -289,8 +289,9 @@ PyQuantized from_storage(const PyQuantizer& q, std::int64_t rows, std::int64_t c
     auto* base = static_cast<std::uint8_t*>(p.total == 0 ? empty_part() : t.data_ptr());
     QR_CHECK(reinterpret_cast<std::uintptr_t>(base) % 16 == 0, "from_storage: the ", dname,
              " tensor does not start on a 16-byte boundary; pass a tensor of its own");
-    parts[d] = {base + p.data, p.scale_bytes ? base + p.scale : nullptr,
-                p.amax_bytes ? base + p.amax : nullptr};
+    // Every part the layout has gets its address, even one of zero bytes (no rows).
+    parts[d] = {base + p.data, layouts[d].scale_ndim > 0 ? base + p.scale : nullptr,
+                layouts[d].has_amax ? base + p.amax : nullptr};
     owners[d] = std::make_shared<at::Tensor>(t);
   }
   auto tensor = std::make_shared<QuantizedTensor>(QuantizedTensor::over(

@@ -17,7 +17,8 @@ the same quantizers and, for delayed scaling, the same scales. So:
   a backward, see autocasting.py); if one was entered between the forward and this
   recomputation and the GEMM's roles use delayed scaling, the scales differ and the
   recomputation is refused with an error. Its amaxes are the forward's own values, so their
-  max-accumulation into the step's history row changes nothing.
+  max-accumulation into the step's history row changes nothing. An input or weight role with
+  stochastic rounding would draw new random offsets: refused too (not supported yet).
 
 How a segment is found (torch's own checkpoint objects, checked on every torch this was tested
 with; if they change, the forward records nothing and the recomputation fails loudly below):
@@ -168,11 +169,22 @@ def _next_record(segment, module, gemm: str, who: str) -> Record:
     return record
 
 
-def _check_scales(record: Record, roles_of) -> None:
+def _check_replayable(record: Record, roles_of) -> None:
     recipe = record.recipe
-    if recipe is None or recipe.scaling_generation == record.generation:
+    if recipe is None:
         return
     roles = roles_of(recipe)
+    for role, q in (("input", roles.input), ("weight", roles.weight)):
+        if q is not None and _spec_has(q.spec_dict(), "stochastic_rounding", True):
+            raise QrecipeError(
+                f"{record.who}: recomputing a checkpointed forward whose {role} role "
+                f"({q.describe()}) uses stochastic rounding: the recomputation would draw other "
+                "random offsets than the forward, which is not supported yet. Keep this "
+                "module out of checkpointed segments, or use a recipe without stochastic "
+                "rounding on input and weight (the shipped nvfp4 recipe uses it on grad_output "
+                "only, which is never recomputed)")
+    if recipe.scaling_generation == record.generation:
+        return
     if any(_is_delayed(q) for q in (roles.input, roles.weight, roles.grad_output)):
         raise QrecipeError(
             f"{record.who}: recomputing a checkpointed forward under recipe {recipe.name!r} "
@@ -215,7 +227,7 @@ def gemm_recipe(module, gemm: str, who: str, roles_of=None) -> Optional[Recipe]:
     if segment is not None:
         record = _next_record(segment, module, gemm, who)
         if roles_of is not None:
-            _check_scales(record, roles_of)
+            _check_replayable(record, roles_of)
         return record.recipe
     if autocasting.is_active():
         return autocasting.current_recipe()  # the caller said what this call runs under

@@ -58,6 +58,11 @@ def init_linear_parameters(weight: torch.Tensor, bias: Optional[torch.Tensor]) -
         torch.nn.init.uniform_(bias, -bound, bound)
 
 
+def _is_dtensor(t) -> bool:
+    dtensor = getattr(getattr(torch.distributed, "tensor", None), "DTensor", None)
+    return dtensor is not None and isinstance(t, dtensor)
+
+
 class QuantizedModule(ScalingStateMixin, torch.nn.Module):
     """Base of the qrecipe.nn modules. ``name`` is the dotted path recipe rules match
     (``qrecipe.convert`` sets it from the model; set it yourself for modules you build
@@ -209,6 +214,11 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
         roles = self.roles(recipe, tokens, gemm)
         if roles.all_none:
             return F.linear(x, weight, bias)
+        if _is_dtensor(x) or _is_dtensor(weight):
+            raise NotImplementedError(
+                f"{self._who()}: its input or weight is a DTensor (tensor / sequence "
+                "parallelism); qrecipe's quantized GEMMs do not run on DTensors yet. Run the "
+                "module on local shards, or keep it out of the parallelized part of the model")
         recipe.note_step_activity()
         return quantized_linear(x, weight, bias, roles, is_first_microbatch=is_first_microbatch,
                                 fuse_wgrad_accumulation=fuse_wgrad_accumulation,
