@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 
@@ -32,6 +32,15 @@ class _State(threading.local):
 
 
 _state = _State()
+
+# Called (on this thread) when its outermost block exits: per-forward caches that must not
+# outlive the forward register here (nn/input_sharing.py drops its kept input operand).
+_outermost_exit_hooks: List[Callable[[], None]] = []
+
+
+def on_outermost_exit(hook: Callable[[], None]) -> None:
+    """Runs `hook()` each time the outermost autocast block of a thread exits."""
+    _outermost_exit_hooks.append(hook)
 
 
 def current_recipe() -> Optional[Recipe]:
@@ -73,4 +82,7 @@ class autocast(contextlib.ContextDecorator):
 
     def __exit__(self, *exc) -> bool:
         _state.stack.pop()
+        if not _state.stack:
+            for hook in _outermost_exit_hooks:
+                hook()
         return False

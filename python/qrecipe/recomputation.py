@@ -46,6 +46,7 @@ import torch.utils.checkpoint as _torch_checkpoint
 
 from . import autocasting
 from ._engine import QrecipeError
+from .quantization import spec_has
 from .recipe import Recipe
 
 _RECORDS = "_qrecipe_records"      # attribute of a segment: the forward's records, in order
@@ -175,7 +176,7 @@ def _check_replayable(record: Record, roles_of) -> None:
         return
     roles = roles_of(recipe)
     for role, q in (("input", roles.input), ("weight", roles.weight)):
-        if q is not None and _spec_has(q.spec_dict(), "stochastic_rounding", True):
+        if q is not None and spec_has(q.spec_dict(), "stochastic_rounding", True):
             raise QrecipeError(
                 f"{record.who}: recomputing a checkpointed forward whose {role} role "
                 f"({q.describe()}) uses stochastic rounding: the recomputation would draw other "
@@ -196,18 +197,7 @@ def _check_replayable(record: Record, roles_of) -> None:
 
 
 def _is_delayed(quantizer) -> bool:
-    if quantizer is None:
-        return False
-    return _spec_has(quantizer.spec_dict(), "scaling", "delayed")
-
-
-def _spec_has(spec: dict, key: str, value) -> bool:
-    for k, v in spec.items():
-        if isinstance(v, dict) and _spec_has(v, key, value):
-            return True
-        if k == key and v == value:
-            return True
-    return False
+    return quantizer is not None and spec_has(quantizer.spec_dict(), "scaling", "delayed")
 
 
 def gemm_recipe(module, gemm: str, who: str, roles_of=None) -> Optional[Recipe]:

@@ -26,6 +26,7 @@ from .. import recomputation as _recompute
 from .._engine import _C
 from ..quantization import SUPPORTED_DTYPES
 from ..recipe import Recipe, as_recipe
+from .input_sharing import share_key
 from .linear_function import quantized_linear
 from .linear_gemms import LinearRoles
 from .module_state import ScalingStateMixin
@@ -133,6 +134,8 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
                             grad_output=plan.pop("grad_output"),
                             plan={**plan, "name": name, "out_features": out_features,
                                   "native_on_gpu": native_on_gpu})
+        # Linears reading the same input under this stateless spec share its quantization.
+        roles.plan["input_share"] = share_key(roles.input)
         per_recipe[gemm] = roles
         return roles
 

@@ -143,12 +143,13 @@ class GroupedLinearFunction(torch.autograd.Function):
         ctx.w_dtypes = [w.dtype for w in weights]
         ctx.bias_dtypes = [b.dtype for b in biases]
         # As LinearFunction: every operand of this call through save_for_backward as plain
-        # tensors (saved_operands.py), so saved-tensor hooks see them; weight operands the
-        # caller gave (grouped, cached or stored quantizations) stay on ctx.
-        ctx.given_w = [w if call.weight_ops[i] is not None else None
-                       for i, (_, w) in enumerate(saved)]
+        # tensors (saved_operands.py), so saved-tensor hooks see them; weight operands that
+        # belong to the weight (cached across micro-batches, stored quantized) stay on ctx. A
+        # grouped quantization made for this call alone (trim_weight_ops) is this call's.
+        weights_own = [op is not None and not call.trim_weight_ops for op in call.weight_ops]
+        ctx.given_w = [w if weights_own[i] else None for i, (_, w) in enumerate(saved)]
         ops = [op for i, (x_op, w_op) in enumerate(saved)
-               for op in (x_op, None if call.weight_ops[i] is not None else w_op)]
+               for op in (x_op, None if weights_own[i] else w_op)]
         tensors, ctx.packed = pack_all(ops)
         ctx.save_for_backward(*tensors)
         return y.reshape(*x.shape[:-1], y.shape[1])

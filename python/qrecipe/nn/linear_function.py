@@ -32,7 +32,7 @@ class LinearFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, roles: LinearRoles, need_dgrad: bool, need_wgrad: bool,
                 weight_op=None, fuse_wgrad_accumulation: bool = False):
         y, (saved_x, saved_w) = linear_forward(x, weight, bias, roles, need_dgrad, need_wgrad,
-                                               weight_op)
+                                               weight_op, share_input=True)
         ctx.roles = roles
         # main_grad accumulation: the Parameter itself is kept to reach .main_grad in backward.
         ctx.main_grad_weight = weight if (fuse_wgrad_accumulation and need_wgrad) else None
@@ -115,7 +115,8 @@ def _quantized_linear_eager(x, weight, bias, roles, is_first_microbatch,
         weight_op = weight_operand_of(weight, roles, need_dgrad, is_first_microbatch, who,
                                       weight_group, scaling_generation)
     if not (need_dgrad or need_wgrad or needs_bias_grad):
-        return linear_forward(x, weight, bias, roles, False, False, weight_op)[0]
+        return linear_forward(x, weight, bias, roles, False, False, weight_op,
+                              share_input=True)[0]
     return LinearFunction.apply(x, weight, bias, roles, need_dgrad, need_wgrad, weight_op,
                                 bool(fuse_wgrad_accumulation))
 

@@ -33,6 +33,7 @@ import torch
 from .._engine import _C
 from ..quantization import COLUMNWISE, ROWWISE
 from ..quantized_param import QuantizedWeight
+from . import input_sharing
 from .weight_cache import cached_weight_operand
 
 
@@ -174,15 +175,23 @@ def overlap_backward(plan: dict, dy: torch.Tensor, macs: int) -> bool:
 
 
 def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                   roles: LinearRoles, need_dgrad: bool, need_wgrad: bool, weight_op=None):
+                   roles: LinearRoles, need_dgrad: bool, need_wgrad: bool, weight_op=None,
+                   share_input: bool = False):
     """Returns (y, saved) where saved = (x operand for wgrad, W operand for dgrad).
 
     `weight_op`: an already quantized weight operand holding the directions needed (a cached
     or a stored one); it is used as is and never trimmed. (GroupedLinear does the same for
-    all its experts at once: grouped_linear_function.grouped_forward.)"""
+    all its experts at once: grouped_linear_function.grouped_forward.) `share_input`: take
+    x's quantization from the Linear that read the same x just before under the same
+    stateless spec, or keep it for the next one (input_sharing.py; the eager path)."""
     in_features = weight.shape[1]
     x2 = x.reshape(-1, in_features).contiguous()
-    x_op = operand(roles.input, x2, ROWWISE | (COLUMNWISE if need_wgrad else 0))
+    x_usage = ROWWISE | (COLUMNWISE if need_wgrad else 0)
+    key = roles.plan.get("input_share") if share_input else None
+    if key is not None:
+        x_op = input_sharing.operand(x, x2, roles.input, key, x_usage, _quantize)
+    else:
+        x_op = operand(roles.input, x2, x_usage)
     if weight_op is not None:
         w_op = weight_op
     else:
@@ -191,7 +200,10 @@ def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     y = gemm("fprop", x_op, "rowwise", w_op, "rowwise", x2.shape[0], weight.shape[0], x,
              x.dtype, bias)
     y = y.reshape(*x.shape[:-1], weight.shape[0])
-    saved_x = keep_columnwise(x_op) if need_wgrad else None
+    saved_x = None
+    if need_wgrad:  # a shared operand keeps its rowwise copy for the next Linear
+        saved_x = input_sharing.columnwise_view(x_op) if key is not None else \
+            keep_columnwise(x_op)
     saved_w = None
     if need_dgrad:
         saved_w = w_op if weight_op is not None else keep_columnwise(w_op)
