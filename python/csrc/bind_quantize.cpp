@@ -34,11 +34,16 @@ py::dict layout_dict(const qr_direction_layout& l) {
   return d;
 }
 
+// `amax`: [rowwise, columnwise] amaxes the caller already reduced (over a tensor-parallel
+// group: compute_amax on every rank's shard, then a max all-reduce), so every shard is scaled
+// as the whole tensor would be; nullopt: the format computes the amax of `src` itself.
 PyQuantized quantize(const PyQuantizer& q, const at::Tensor& src, std::uint32_t usage,
-                     std::optional<std::uint64_t> rng_offset) {
+                     std::optional<std::uint64_t> rng_offset,
+                     std::optional<std::array<float, 2>> amax) {
   const TensorView view = to_view(src, "tensor to quantize");
   QuantizeOptions options;
   options.rng_offset = rng_offset;
+  options.amax = amax;
   options.stream = current_stream(src);
   QuantizedTensor out;
   {
@@ -347,7 +352,15 @@ void bind_quantize(py::module_& m) {
         return layout_dict(q.quantizer->layout(rows, cols, parse_direction(direction)));
       })
       .def("quantize", &quantize, py::arg("tensor"), py::arg("usage"),
-           py::arg("rng_offset") = std::nullopt)
+           py::arg("rng_offset") = std::nullopt, py::arg("amax") = std::nullopt)
+      .def("compute_amax", [](const PyQuantizer& q, const at::Tensor& src) {
+        const TensorView view = to_view(src, "tensor to compute the amax of");
+        void* stream = current_stream(src);
+        py::gil_scoped_release no_gil;
+        return q.quantizer->compute_amax(view, stream);
+      }, py::arg("tensor"),
+           "[rowwise, columnwise] amax of `tensor` as the format scales it (they differ under "
+           "a Hadamard transform), on the host: what quantize(amax=...) takes once reduced.")
       .def("spec_dict", [](const PyQuantizer& q) { return spec_dict(q.quantizer->spec()); },
            "The quantizer's spec as a recipe-rule dictionary (format plus options).")
       .def("from_buffers", &from_buffers, py::arg("rows"), py::arg("cols"), py::arg("usage"),

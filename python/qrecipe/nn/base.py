@@ -218,10 +218,18 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
         if roles.all_none:
             return F.linear(x, weight, bias)
         if _is_dtensor(x) or _is_dtensor(weight):
-            raise NotImplementedError(
-                f"{self._who()}: its input or weight is a DTensor (tensor / sequence "
-                "parallelism); qrecipe's quantized GEMMs do not run on DTensors yet. Run the "
-                "module on local shards, or keep it out of the parallelized part of the model")
+            if self.MODULE_TYPE != "linear":
+                raise NotImplementedError(
+                    f"{self._who()}: its input or weight is a DTensor; tensor / sequence "
+                    "parallelism runs qrecipe.nn.Linear only (qrecipe.parallel's plan "
+                    f"styles), not {type(self).__name__}. Keep this module out of the "
+                    "parallelized part of the model, or build the block from Linears")
+            from . import tensor_parallel  # torch.distributed.tensor only when used
+            recipe.note_step_activity()
+            return tensor_parallel.linear(self, x, weight, bias, roles, who=self._who(),
+                                          is_first_microbatch=is_first_microbatch,
+                                          fuse_wgrad_accumulation=fuse_wgrad_accumulation,
+                                          weight_operand=weight_operand)
         recipe.note_step_activity()
         return quantized_linear(x, weight, bias, roles, is_first_microbatch=is_first_microbatch,
                                 fuse_wgrad_accumulation=fuse_wgrad_accumulation,
