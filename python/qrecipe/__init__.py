@@ -34,7 +34,9 @@ and the layers below it, never upwards, and there are no import cycles
                    optim/ and distributed/ may import nn/ and the ground floor, never the
                    reverse
   top              this __init__ (the public names) and convert (convert(): nn.Linear ->
-                   qrecipe.nn.Linear in place; names every qrecipe module by its path)
+                   qrecipe.nn.Linear in place; names every qrecipe module by its path);
+                   parallel (tensor / sequence parallel plan styles for torch's
+                   parallelize_module; imported explicitly, `import qrecipe.parallel`)
 """
 from ._engine import QrecipeError, RecipeError, _C
 from .autocasting import autocast, current_recipe, is_enabled

@@ -29,7 +29,7 @@ GROUND_FLOOR = {"qrecipe._engine", "qrecipe.quantization", "qrecipe.scaling_stat
                 "qrecipe.roles", "qrecipe.formats", "qrecipe.factories",
                 "qrecipe.recipe", "qrecipe.autocasting", "qrecipe.quantized_param",
                 "qrecipe.checkpointing", "qrecipe.recomputation"}
-TOP = {"qrecipe", "qrecipe.convert"}
+TOP = {"qrecipe", "qrecipe.convert", "qrecipe.parallel"}
 SUBPACKAGES = ("nn", "optim", "distributed")
 EXTENSIONS = {"qrecipe._C"}  # compiled, imports nothing of the package
 # What each layer may import.
