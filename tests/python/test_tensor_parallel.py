@@ -99,12 +99,22 @@ def _check_recipe(name, layout, rank, mesh):
         want_y, want_dx, g_local = y_ref, xr.grad, g
     # sp: SequenceParallel takes the local rows and hands gate/up a Shard(1) DTensor.
     parallelize_module(tp, mesh, plan)
+    from qrecipe.nn import input_sharing
+    input_sharing.reset_stats()
     with qrecipe.autocast(recipe):
         y = tp(xt)
+    q_in = recipe.quantizer("linear", "input", "gate")
+    # sp: gate and up read the same sharded DTensor: one quantized all-gather for both.
+    if layout == "sp" and q_in is not None and qrecipe.quantization.is_stateless(q_in._cpp) and \
+            input_sharing.stats["shared"] < 1:
+        problems_early = [f"{layout}/{name}: up did not take gate's quantized input "
+                          f"({input_sharing.stats})"]
+    else:
+        problems_early = []
     if isinstance(y, DTensor):
         y = y.to_local()
     (y.float() * g_local.float()).sum().backward()
-    problems = []
+    problems = problems_early
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
 
     def close(what, got, want, **kw):

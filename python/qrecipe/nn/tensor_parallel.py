@@ -32,6 +32,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from .._engine import QrecipeError
 from ..quantization import COLUMNWISE, DIRECTIONS, ROWWISE, spec_has, usage_bits
+from . import input_sharing
 from .linear_function import quantized_linear
 from .linear_gemms import (LinearRoles, gemm, keep_columnwise, linear_backward, operand)
 from .saved_operands import pack_all, unpack_all
@@ -191,7 +192,9 @@ def linear(module, x, weight, bias, roles: LinearRoles, *, who: str,
                                  b_local, r, who=who)
         else:
             r = tp_roles(module, roles, frozenset(_ROLE_TYPES), group, out_l)
-            y = GatheredColwise.apply(_local_input(x), w_local, b_local, r, mesh, xp.dim, who)
+            # q / k / v (gate / up) read the same sharded input: one quantized gather.
+            y = GatheredColwise.apply(_local_input(x), w_local, b_local, r, mesh, xp.dim, who,
+                                      _Source(x._local_tensor))
         return DTensor.from_local(_WaitGrad.apply(y), mesh, [Shard(y.dim() - 1)],
                                   run_check=False)
     if wp == Shard(1) and isinstance(xp, Shard) and xp.dim in (last, -1):
@@ -264,15 +267,27 @@ def gather_operand(op, quantizer, rows: int, cols: int, group, tp: int, who: str
                                   op.data(held[0]).device)
 
 
+class _Source:
+    """The tensor whose identity says 'the same input' to input sharing (a DTensor's local
+    tensor: ``to_local`` makes a new view at every call), passed through autograd's apply as
+    a plain object."""
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
 class GatheredColwise(torch.autograd.Function):
     """A column-parallel Linear whose input arrives sharded along the sequence: each rank
     quantizes its rows (amax reduced over the group), the quantized rows are all-gathered
-    (``gather_operand``), and the GEMMs run on the whole sequence. Backward: dgrad gives each
-    rank a partial sum of the whole input gradient, reduce-scattered back to its rows."""
+    (``gather_operand``), and the GEMMs run on the whole sequence. Linears reading the same
+    input under the same stateless spec take the first one's gathered operand
+    (input_sharing.py). Backward: dgrad gives each rank a partial sum of the whole input
+    gradient, reduce-scattered back to its rows."""
 
     @staticmethod
     def forward(ctx, x_local, w_local, b_local, roles: LinearRoles, mesh, seq_dim: int,
-                who: str):
+                who: str, source: _Source):
         tp, group = mesh.size(), mesh.get_group()
         seq_dim = seq_dim % x_local.dim()
         if any(x_local.shape[i] != 1 for i in range(seq_dim)):
@@ -285,9 +300,17 @@ class GatheredColwise(torch.autograd.Function):
         need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         x2 = x_local.reshape(-1, in_f).contiguous()
         rows = x2.shape[0]
-        x_op = gather_operand(operand(roles.input, x2, ROWWISE | (COLUMNWISE if need_wgrad
-                                                                     else 0)),
-                              roles.input, rows, in_f, group, tp, who)
+        usage = ROWWISE | (COLUMNWISE if need_wgrad else 0)
+
+        def gathered(q, t, u):
+            return gather_operand(operand(q, t, u), q, rows, in_f, group, tp, who)
+
+        key = roles.plan.get("input_share")
+        if key is not None:
+            x_op = input_sharing.operand(source.tensor, x2, roles.input,
+                                         ("gathered", key, id(group)), usage, gathered)
+        else:
+            x_op = gathered(roles.input, x2, usage)
         w_op = operand(roles.weight, w_local, ROWWISE | (COLUMNWISE if need_dgrad else 0))
         y = gemm("fprop", x_op, "rowwise", w_op, "rowwise", tp * rows, out_l, x_local,
                  x_local.dtype, b_local)
@@ -296,8 +319,11 @@ class GatheredColwise(torch.autograd.Function):
         ctx.mesh, ctx.seq_dim, ctx.roles = mesh, seq_dim, roles
         ctx.full_shape, ctx.x_dtype, ctx.w_dtype = full_shape, x_local.dtype, w_local.dtype
         ctx.bias_dtype = None if b_local is None else b_local.dtype
-        tensors, ctx.packed = pack_all((keep_columnwise(x_op) if need_wgrad else None,
-                                        keep_columnwise(w_op) if need_dgrad else None))
+        saved_x = None
+        if need_wgrad:  # a shared operand keeps its rowwise copy for the next Linear
+            saved_x = input_sharing.columnwise_view(x_op) if key is not None else \
+                keep_columnwise(x_op)
+        tensors, ctx.packed = pack_all((saved_x, keep_columnwise(w_op) if need_dgrad else None))
         ctx.save_for_backward(*tensors)
         return y.reshape(*full_shape[:-1], out_l)
 
@@ -318,4 +344,4 @@ class GatheredColwise(torch.autograd.Function):
         db = None
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             db = dy2.float().sum(0).to(ctx.bias_dtype)
-        return dx, dw, db, None, None, None, None
+        return dx, dw, db, None, None, None, None, None
