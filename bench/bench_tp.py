@@ -152,11 +152,8 @@ def main() -> int:
     def step_of(model, recipe):
         def step():
             x_local.grad = None
-            if recipe is None:
+            with qrecipe.autocast(recipe, enabled=recipe is not None):  # bf16: torch modules
                 y = model(x_local)
-            else:
-                with qrecipe.autocast(recipe):
-                    y = model(x_local)
             y.backward(grad)
             return y
         return step

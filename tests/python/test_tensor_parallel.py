@@ -14,7 +14,6 @@ tensor, so there only the forward is compared tightly. Delayed scaling is refuse
 """
 import json
 import os
-import sys
 import tempfile
 import time
 import traceback

@@ -23,7 +23,7 @@ and torch.compile of a DTensor Linear (not supported yet).
 from __future__ import annotations
 
 import weakref
-from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, Optional, Sequence
 
 import torch
 import torch.distributed as dist
