@@ -2,7 +2,8 @@
 # The one script for a GPU machine: build with CUDA, run every C++ suite (test_gpu_parity
 # included: CUDA == CPU bit for bit) and the quantize benchmark.
 #
-#   tools/gpu_check.sh [configure|build|test|bench|all]...   (default: all = build test bench)
+#   tools/gpu_check.sh [configure|build|test|bench|llama|tp|all]...
+#                                         (default: all = build test bench llama tp)
 #
 #   configure  unpack .deps and configure only (build does this too when needed)
 #   build      unpack, configure unless $BUILD_DIR/CMakeCache.txt exists, build everything
@@ -11,6 +12,12 @@
 #              bench/bench_linear.py --out $OUT/bench_linear.json and
 #              bench/bench_grouped_linear.py --out $OUT/bench_grouped_linear.json (when the
 #              adapter is built)
+#   llama      bench/bench_hf_llama.py --out $OUT/bench_hf_llama.json: a Hugging Face Llama
+#              step with Llama-3-8B layer shapes, BF16 / torchao / qrecipe, eager and compiled
+#              (needs the adapter and transformers; skipped, not failed, without them)
+#   tp         torchrun on 2 GPUs (NCCL; NVLink multicast off) of bench/bench_tp.py --check
+#              --out $OUT/bench_tp.json: a tensor + sequence parallel block, qrecipe against
+#              BF16, step time and collective bytes; skipped when fewer than 2 GPUs are visible
 #
 # It needs nvcc, cmake (>= 3.24), ninja (or make) and python3 on the machine, and the Debian
 # packages of the other dependencies in .deps/ (libyaml-cpp-dev, libyaml-cpp0.7,
@@ -29,6 +36,8 @@
 #   BENCH_GEMM_ARGS      extra arguments for bench_gemm (e.g. "--shapes 4096x4096x4096")
 #   BENCH_LINEAR_ARGS    extra arguments for bench_linear.py (e.g. "--recipes default,blockwise")
 #   BENCH_GROUPED_ARGS   extra arguments for bench_grouped_linear.py (e.g. "--configs 8x16384x4096x4096")
+#   BENCH_HF_ARGS        extra arguments for bench_hf_llama.py (e.g. "--check --samples 7")
+#   BENCH_TP_ARGS        extra arguments for bench_tp.py (e.g. "--recipes default --seq 4096")
 #   QRECIPE_GPU_PYTHON   0: do not build the PyTorch adapter (default: built when python3 has
 #                        a CUDA torch; then the test stage also runs pytest tests/python)
 #   CMAKE_ARGS           extra arguments for the configure step
@@ -56,10 +65,11 @@ MULTIARCH=x86_64-linux-gnu
 
 stages=("$@")
 [[ ${#stages[@]} -eq 0 ]] && stages=(all)
-if [[ " ${stages[*]} " == *" all "* ]]; then stages=(build test bench); fi
+if [[ " ${stages[*]} " == *" all "* ]]; then stages=(build test bench llama tp); fi
 for s in "${stages[@]}"; do
-  case $s in configure|build|test|bench) ;;
-    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, all)" >&2; exit 2 ;;
+  case $s in configure|build|test|bench|llama|tp) ;;
+    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, llama, tp, all)" >&2
+       exit 2 ;;
   esac
 done
 
@@ -67,6 +77,8 @@ declare -A status seconds
 summary_order=()
 
 # stage NAME FUNCTION: runs FUNCTION with its output in $OUT/NAME.log (tail shown on failure).
+# FUNCTION returns SKIPPED when the machine cannot run the stage (its log says why).
+SKIPPED=77
 stage() {
   local name=$1 fn=$2 t0=$SECONDS rc
   echo "=== [$name] start (log: $OUT/$name.log)"
@@ -74,7 +86,11 @@ stage() {
   rc=$?
   seconds[$name]=$((SECONDS - t0))
   summary_order+=("$name")
-  if [[ $rc -eq 0 ]]; then
+  if [[ $rc -eq $SKIPPED ]]; then
+    status[$name]=skipped
+    tail -n 3 "$OUT/$name.log"
+    rc=0
+  elif [[ $rc -eq 0 ]]; then
     status[$name]=ok
   else
     status[$name]="FAILED (rc $rc)"
@@ -310,10 +326,61 @@ do_bench() {
         --out "$OUT/bench_grouped_linear.json" ${BENCH_GROUPED_ARGS:-} || rc=1
     fi
   fi
-  # One file of the results format (bench/results/<date>-<gpu>.json) and its markdown table.
+  merge_results || rc=1
+  return $rc
+}
+
+# One file of the results format (bench/results/<date>-<gpu>.json) and its markdown table, of
+# every benchmark file this run (or an earlier one into the same $OUT) wrote.
+merge_results() {
   local parts=()
-  for f in bench.json bench_gemm.json bench_linear.json bench_grouped_linear.json; do [[ -f $OUT/$f ]] && parts+=("$OUT/$f"); done
-  python3 "$root/tools/bench_table.py" --merge "$OUT/results.json" "${parts[@]}" >"$OUT/results.md" || rc=1
+  for f in bench.json bench_gemm.json bench_linear.json bench_grouped_linear.json \
+           bench_hf_llama.json bench_tp.json; do [[ -f $OUT/$f ]] && parts+=("$OUT/$f"); done
+  [[ ${#parts[@]} -eq 0 ]] && return 0
+  python3 "$root/tools/bench_table.py" --merge "$OUT/results.json" "${parts[@]}" >"$OUT/results.md"
+}
+
+# ---------------------------------------------------------------- llama
+
+# A Hugging Face Llama step (Llama-3-8B layer shapes): BF16, torchao float8 and qrecipe, eager
+# and compiled (bench/bench_hf_llama.py).
+do_llama() {
+  runtime_env
+  if ! has_adapter; then echo "llama: the adapter was not built (no CUDA torch)"; return $SKIPPED; fi
+  if ! python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+    echo "llama: no CUDA device visible to torch"; return $SKIPPED
+  fi
+  if ! python3 -c "import transformers" >/dev/null 2>&1; then
+    echo "llama: transformers is not importable by python3"; return $SKIPPED
+  fi
+  local rc=0
+  # shellcheck disable=SC2086  # BENCH_HF_ARGS is a list of words on purpose
+  PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_hf_llama.py" \
+    --out "$OUT/bench_hf_llama.json" ${BENCH_HF_ARGS:-} || rc=1
+  merge_results || rc=1
+  return $rc
+}
+
+# ---------------------------------------------------------------- tp
+
+# Tensor + sequence parallelism on 2 GPUs (bench/bench_tp.py --check: the 2-rank output
+# against one process, then step time and collective bytes against BF16 TP). NVLink
+# multicast (NVLS, symmetric memory) stays off: the lent machines do not allow it.
+do_tp() {
+  runtime_env
+  if ! has_adapter; then echo "tp: the adapter was not built (no CUDA torch)"; return $SKIPPED; fi
+  local gpus
+  gpus=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+  if [[ ${gpus:-0} -lt 2 ]]; then
+    echo "tp: needs 2 GPUs, $gpus visible"; return $SKIPPED
+  fi
+  local rc=0
+  # shellcheck disable=SC2086  # BENCH_TP_ARGS is a list of words on purpose
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+    PYTHONPATH="$BUILD_DIR/python" timeout 300 python3 -m torch.distributed.run --standalone \
+    --nproc-per-node 2 "$root/bench/bench_tp.py" --check --out "$OUT/bench_tp.json" \
+    ${BENCH_TP_ARGS:-} || rc=1
+  merge_results || rc=1
   return $rc
 }
 
@@ -339,7 +406,7 @@ print_summary() {
         | sed -E 's/^.*(MESSAGE|ERROR): /  \1: /' | grep -v 'supports cpu only\|not in QRECIPE_GPU_PARITY_ONLY' | head -n 60
     fi
   fi
-  if [[ -f $OUT/results.md && " ${summary_order[*]} " == *" bench "* ]]; then
+  if [[ -f $OUT/results.md && " ${summary_order[*]} " =~ \ (bench|llama|tp)\  ]]; then
     # Every benchmark record of this run (quantize, GEMM, Linear step), last.
     echo
     cat "$OUT/results.md"
@@ -353,6 +420,8 @@ for s in "${stages[@]}"; do
     build) stage build do_build || { failed=1; break; } ;;  # nothing to test without a build
     test) stage test do_test || failed=1 ;;
     bench) stage bench do_bench || failed=1 ;;
+    llama) stage llama do_llama || failed=1 ;;
+    tp) stage tp do_tp || failed=1 ;;
   esac
 done
 print_summary

@@ -22,8 +22,9 @@ and the layers below it, never upwards, and there are no import cycles
                      pending; check(model), explain(model); quantize() beside it
     autocasting      autocast: the active recipe and the once-per-step scaling update
     quantized_param  QuantizedWeight and quantized_model_init (parameters stored quantized)
-    checkpointing    checkpoint(): activation checkpointing whose recomputation replays the
-                     forward's recipe
+    recomputation    replaying a qrecipe forward when torch.utils.checkpoint (reentrant or
+                     not; Hugging Face's gradient checkpointing) recomputes it in backward
+    checkpointing    checkpoint(): an alias of torch's non-reentrant checkpoint
   nn/              modules Linear, LayerNormLinear (LayerNorm / RMSNorm + Linear), LayerNormMLP
                    (norm -> fc1 -> GELU / SwiGLU / ... -> fc2), GroupedLinear (MoE experts in
                    one grouped parameter), their base QuantizedModule, the GEMM operations
@@ -33,7 +34,9 @@ and the layers below it, never upwards, and there are no import cycles
                    optim/ and distributed/ may import nn/ and the ground floor, never the
                    reverse
   top              this __init__ (the public names) and convert (convert(): nn.Linear ->
-                   qrecipe.nn.Linear in place; names every qrecipe module by its path)
+                   qrecipe.nn.Linear in place; names every qrecipe module by its path);
+                   parallel (tensor / sequence parallel plan styles for torch's
+                   parallelize_module; imported explicitly, `import qrecipe.parallel`)
 """
 from ._engine import QrecipeError, RecipeError, _C
 from .autocasting import autocast, current_recipe, is_enabled

@@ -632,12 +632,13 @@ def test_backward_keeps_only_the_columnwise_copies_and_frees_them():
         gc.collect()
         before = _C.live_allocations()
         y = module(x, SPLITS)
-        saved = y.grad_fn.saved_q
-        assert len(saved) == 3
-        for x_op, w_op in saved:
-            assert x_op.has("columnwise") and not x_op.has("rowwise")
-            assert w_op.has("columnwise") and not w_op.has("rowwise")
-        del saved, x_op, w_op
+        # (how to rebuild, tensor count) of each saved operand: x and W of each expert.
+        packed = [p for p, _ in y.grad_fn.packed]
+        assert len(packed) == 2 * 3
+        for p in packed:
+            assert p.usage == qrecipe.quantization.COLUMNWISE
+            assert {d for d, _ in p.parts} == {"columnwise"}
+        del packed, p
         y.backward(torch.randn_like(y))
         del y
         gc.collect()

@@ -40,7 +40,6 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .. import autocasting as _autocast
 from .._engine import _C
 from ..quantization import COLUMNWISE, ROWWISE
 from ..quantized_param import QuantizedInitMixin, QuantizedWeight
@@ -177,11 +176,12 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
                              "row, in expert order")
         return splits
 
-    def _attach_main_grad_views(self, weights: List[torch.Tensor]) -> None:
+    def _attach_main_grad_views(self, weights: List[torch.Tensor], recipe) -> None:
         """Single-parameter layout with fuse_wgrad_accumulation: each expert's view gets the
         matching rows of ``weight.main_grad`` as its own main_grad, so its wgrad GEMM
-        accumulates straight into the one FP32 buffer."""
-        if _autocast.current_recipe() is None or not torch.is_grad_enabled() or \
+        accumulates straight into the one FP32 buffer (`recipe`: the one the call runs
+        under, None outside autocast)."""
+        if recipe is None or not torch.is_grad_enabled() or \
                 not self.weight.requires_grad:
             return  # plain F.linear: autograd fills weight.grad as usual
         main_grad = getattr(self.weight, "main_grad", None)
@@ -206,12 +206,13 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
         weights = self.expert_weights()
         self._check_input(x, self.in_features, tuple(weights))
         splits = self._check_splits(m_splits, x)
+        tokens = x.numel() // self.in_features if self.in_features else 0
+        # One recipe for all experts (recorded / replayed once under activation checkpointing).
+        recipe = self._gemm_recipe("", tokens)
         if self.fuse_wgrad_accumulation and self.single_grouped_parameter:
-            self._attach_main_grad_views(weights)
-        recipe = _autocast.current_recipe()
+            self._attach_main_grad_views(weights, recipe)
         roles = None
         if recipe is not None and not torch.compiler.is_compiling():
-            tokens = x.numel() // self.in_features if self.in_features else 0
             roles = self.roles(recipe, tokens)
         if roles is None or roles.all_none:
             # Outside autocast, nothing quantized (F.linear per expert), or while
@@ -219,7 +220,8 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
             xs = x.reshape(-1, self.in_features).split(splits, dim=0)
             outs = [self._linear(xi, wi, bi, "", is_first_microbatch,
                                  self.fuse_wgrad_accumulation,
-                                 (self.weight, i) if self.single_grouped_parameter else None)
+                                 (self.weight, i) if self.single_grouped_parameter else None,
+                                 recipe=recipe)
                     for i, (xi, wi, bi) in enumerate(zip(xs, weights, self.expert_biases()))]
             return torch.cat(outs, dim=0).reshape(*x.shape[:-1], self.out_features)
         recipe.note_step_activity()
@@ -241,7 +243,8 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
         if weight_ops is None:
             who = self._who()
             weight_ops = [weight_operand_of(w, roles, need_dgrad, is_first_microbatch, who,
-                                            (self.weight, i) if grouped else None)
+                                            (self.weight, i) if grouped else None,
+                                            self._scaling_generation(recipe))
                           for i, w in enumerate(weights)]
         fuse = self.fuse_wgrad_accumulation
         call = GroupedCall(splits=splits, roles=roles, weight_ops=weight_ops,

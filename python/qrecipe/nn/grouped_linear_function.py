@@ -27,6 +27,7 @@ from ..quantization import COLUMNWISE, ROWWISE
 from .linear_gemms import (LinearRoles, backward_usage, engine_bias, gemm_destination,
                            gemm_output, gemm_result, keep_columnwise, linear_backward,
                            main_grad_of, operand, overlap_backward)
+from .saved_operands import pack_all, unpack_all
 
 
 def _quantize_rows(quantizer, tensor: torch.Tensor, group_rows: List[int], usage: int):
@@ -141,19 +142,23 @@ class GroupedLinearFunction(torch.autograd.Function):
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.w_dtypes = [w.dtype for w in weights]
         ctx.bias_dtypes = [b.dtype for b in biases]
-        # Quantized operands are engine objects kept on ctx; dense ones (format none) are
-        # tensors saved through save_for_backward so in-place changes are detected.
-        ctx.saved_q = [tuple(o if isinstance(o, _C.QuantizedTensor) else None for o in pair)
-                       for pair in saved]
-        ctx.save_for_backward(*(o if isinstance(o, torch.Tensor) else None
-                                for pair in saved for o in pair))
+        # As LinearFunction: every operand of this call through save_for_backward as plain
+        # tensors (saved_operands.py), so saved-tensor hooks see them; weight operands that
+        # belong to the weight (cached across micro-batches, stored quantized) stay on ctx. A
+        # grouped quantization made for this call alone (trim_weight_ops) is this call's.
+        weights_own = [op is not None and not call.trim_weight_ops for op in call.weight_ops]
+        ctx.given_w = [w if weights_own[i] else None for i, (_, w) in enumerate(saved)]
+        ops = [op for i, (x_op, w_op) in enumerate(saved)
+               for op in (x_op, None if weights_own[i] else w_op)]
+        tensors, ctx.packed = pack_all(ops)
+        ctx.save_for_backward(*tensors)
         return y.reshape(*x.shape[:-1], y.shape[1])
 
     @staticmethod
     def backward(ctx, dy):
         call: GroupedCall = ctx.call
         n = len(call.splits)
-        dense = ctx.saved_tensors
+        dense = unpack_all(ctx.saved_tensors, ctx.packed)  # (x op, W op) of each expert
         out_features = call.roles.plan["out_features"]
         in_features = ctx.x_shape[-1]
         dy2 = dy.reshape(-1, out_features).contiguous()
@@ -166,10 +171,8 @@ class GroupedLinearFunction(torch.autograd.Function):
         dws: List[Optional[torch.Tensor]] = [None] * n
         dbs: List[Optional[torch.Tensor]] = [None] * len(ctx.bias_dtypes)
         rows = list(call.row_ranges())
-        saved_x = [ctx.saved_q[i][0] if ctx.saved_q[i][0] is not None else dense[2 * i]
-                   for i in range(n)]
-        saved_w = [ctx.saved_q[i][1] if ctx.saved_q[i][1] is not None else dense[2 * i + 1]
-                   for i in range(n)]
+        saved_x, saved_w = dense[0::2], [ctx.given_w[i] if ctx.given_w[i] is not None
+                                         else op for i, op in enumerate(dense[1::2])]
         main_grads = [call.main_grad_weights[i] if need_wgrad[i] else None for i in range(n)]
         # Large native experts run each expert's dgrad beside its wgrad on two streams
         # (linear_backward); small ones, whose host time dominates, run batched.
@@ -199,7 +202,7 @@ class GroupedLinearFunction(torch.autograd.Function):
         for i, (r0, r1) in enumerate(rows):
             if dbs and ctx.needs_input_grad[2 + n + i]:
                 dbs[i] = dy2[r0:r1].float().sum(0).to(ctx.bias_dtypes[i])
-        ctx.saved_q = None
+        ctx.given_w = None
         ctx.call = None
         dx = dx.reshape(ctx.x_shape) if dx is not None else None
         return (dx, None, *dws, *dbs)
