@@ -65,7 +65,7 @@ from torch.utils._pytree import tree_map
 from .quantization import COLUMNWISE, DIRECTIONS, ROWWISE, QuantizedTensor, usage_bits
 from .quantized_rows import KINDS, parts_of, row_geometry
 from .quantized_shards import (GatheredLayout, directions_to_send, fill_gathered,
-                               record_gather)
+                               gather_capacity, gather_sets, record_gather)
 from .quantized_storage import QuantizedStorage, requantize_many, usage_names
 from .recipe import Recipe, RecipeLike, as_recipe
 
@@ -476,10 +476,17 @@ class QuantizedWeight(torch.Tensor):
         outer_size, outer_stride, module, mp_policy) depending on its version."""
         s = self._qstorage
         what = f"FSDP2 all-gather of a {s.format} QuantizedWeight"
-        if not self._whole():
-            raise RuntimeError(f"{what}: the sharded parameter is a view of part of its storage")
-        self._require_bytes(what)
         world, rank = mesh.size(), mesh.get_local_rank()
+        if not self._whole():
+            # FSDP2 pads an uneven shard: it is then a view of fewer rows of a padded buffer.
+            total = outer_size[0] if outer_size is not None else "?"
+            raise RuntimeError(
+                f"{what}: rank {rank} of {world} holds {self.shape[0]} rows of a padded shard "
+                f"of {s.rows} rows (the weight has {total} rows): FSDP2 pads uneven shards, "
+                f"but quantized weights are sharded evenly. The weight's first dimension must "
+                f"be a multiple of {world} x {s.row_multiple()} (world size x the format's "
+                "row multiple): shard over fewer ranks or pad the layer")
+        self._require_bytes(what)
         if s.amax_group is None:
             s.amax_group = mesh.get_group()
         directions, derive = directions_to_send(
@@ -487,9 +494,11 @@ class QuantizedWeight(torch.Tensor):
             s.reshard_after_forward)
         check_even_shard(s, world, rank, what)
         plan = s.shard_plan(world, directions)
-        packed = plan.pack(rank, s.canonical_parts(what), s.device)
+        capacity = gather_capacity([s.shard_plan(world, d) for d in gather_sets(
+            s.quantizer, usage_names(s.usage), s.reshard_after_forward)] + [plan])
+        packed = plan.pack(rank, s.canonical_parts(what), s.device, capacity)
         record_gather(packed.numel(), world)
-        return (packed,), (directions, derive, world)
+        return (packed,), (directions, derive, world, capacity)
 
     def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
         """FSDP2: the unsharded weight from the gathered bytes: every group's buffers rebuilt
@@ -497,7 +506,7 @@ class QuantizedWeight(torch.Tensor):
         engine tensors made over it again after every all-gather (`out`: the unsharded
         parameter of the earlier ones)."""
         (gathered,) = all_gather_outputs
-        directions, derive, world = metadata
+        directions, derive, world, capacity = metadata
         s = self._qstorage
         plan = s.shard_plan(world, directions)
         dtype = param_dtype or s.dtype
@@ -508,7 +517,7 @@ class QuantizedWeight(torch.Tensor):
             layout = GatheredLayout(s.quantizer, s.cols, s.group_rows, s.usage)
             flat = torch.empty(layout.nbytes, dtype=torch.uint8, device=gathered.device)
             target = None
-        groups = fill_gathered(plan, layout, flat, gathered, derive)
+        groups = fill_gathered(plan, layout, flat, gathered, derive, capacity)
         tensors = []
         for rows, parts in zip(s.group_rows, groups):
             cpp = s.quantizer.from_tensors(rows, s.cols, sum(usage_bits(d) for d in parts),
@@ -531,6 +540,9 @@ class QuantizedWeight(torch.Tensor):
             result = handler(func, *args, **kwargs)
             if result is not NotImplemented:
                 return result
+        if func.name() == "_c10d_functional::_wrap_tensor_autograd" and \
+                isinstance(args[0], QuantizedWeight):
+            return _wrap_result(func, args[0])
         if func.namespace in ("c10d", "_c10d_functional") and \
                 any(isinstance(a, QuantizedWeight) for a in _flat(args, kwargs)):
             raise RuntimeError(_refusal(func, _first_weight(args, kwargs),
@@ -790,6 +802,15 @@ def _all_gather(func, self, group_size, group_name):
 @_handles(torch.ops._c10d_functional.wait_tensor.default)
 def _wait(func, self):
     return self  # the gather above already waited for its bytes
+
+
+
+def _wrap_result(func, self):
+    """``_c10d_functional._wrap_tensor_autograd`` (newer torch wraps a functional
+    collective's result for autograd; registered when torch.distributed's functional
+    collectives are imported, so matched by name in __torch_dispatch__): the gathered weight
+    as it is (another wrapper over it), complete already, no pending collective to wait for."""
+    return _alias(func, self)
 
 
 # Creation ops with given values "like" a weight: refused (quantizing ones or random values

@@ -157,12 +157,17 @@ class ShardPlan:
         self.nbytes = max(sizes) if sizes else 0
 
     # ------------------------------------------------------------ sending
-    def pack(self, rank: int, pieces: Sequence[Parts], device) -> torch.Tensor:
-        """The packed buffer of `rank`, whose pieces (in row order) hold `pieces`."""
+    def pack(self, rank: int, pieces: Sequence[Parts], device,
+             nbytes: Optional[int] = None) -> torch.Tensor:
+        """The packed buffer of `rank`, whose pieces (in row order) hold `pieces`; `nbytes`
+        (at least the plan's): its size, zero-padded (see gather_capacity)."""
         if len(pieces) != len(self.rank_pieces[rank]):
             raise ValueError(f"rank {rank} holds {len(pieces)} pieces; the plan expects "
                              f"{len(self.rank_pieces[rank])} (one per group its rows cover)")
-        out = torch.zeros(self.nbytes, dtype=torch.uint8, device=device)
+        size = self.nbytes if nbytes is None else nbytes
+        if size < self.nbytes:
+            raise ValueError(f"a packed shard of {self.nbytes} bytes does not fit {size}")
+        out = torch.zeros(size, dtype=torch.uint8, device=device)
         for i, (where, piece) in enumerate(zip(self.parts[rank], pieces)):
             for d in self.directions:
                 if d not in piece:
@@ -181,12 +186,13 @@ class ShardPlan:
         return out
 
     # ------------------------------------------------------------ receiving
-    def unpack(self, gathered: torch.Tensor, groups: Sequence[Parts], check: bool) -> None:
+    def unpack(self, gathered: torch.Tensor, groups: Sequence[Parts], check: bool,
+               nbytes: Optional[int] = None) -> None:
         """Fills every group's buffers `groups` (the whole weight's layout per group, for the
         directions sent) from the all-gather output ([world * nbytes] uint8). `check`: verify
         that the ranks holding one group sent the same per-tensor values (no device sync
         wanted on the GPU's hot path, so the caller asks for it on the CPU)."""
-        rows_of = gathered.view(self.world, self.nbytes)
+        rows_of = gathered.view(self.world, self.nbytes if nbytes is None else nbytes)
         holders: Dict[int, List[Tuple[int, int]]] = {}
         for r, pieces in enumerate(self.rank_pieces):
             for i, p in enumerate(pieces):
@@ -240,6 +246,28 @@ def directions_to_send(quantizer, held: Sequence[str], in_backward: bool, grad_e
     return tuple(wanted), bool(derive and want_columnwise)
 
 
+def gather_sets(quantizer, held: Sequence[str],
+                reshard_after_forward: Optional[bool]) -> List[Tuple[str, ...]]:
+    """Every set of directions directions_to_send may choose for one parameter: FSDP2 sizes a
+    parameter's all-gather buffers at its first all-gather and reuses them, so every gather of
+    it must send the same number of bytes (gather_capacity)."""
+    if columnwise_is_transpose(quantizer):
+        return [("rowwise",)]
+    sets = [("rowwise",), ("columnwise",)]
+    if reshard_after_forward is not True:  # the forward may take both copies at once
+        sets.append(("rowwise", "columnwise"))
+    return [d for d in sets if all(x in held for x in d)]
+
+
+def gather_capacity(plans: Sequence[ShardPlan]) -> int:
+    """The bytes every all-gather of a parameter sends per rank: the largest of its plans.
+    A smaller set is zero-padded to it: e.g. with reshard_after_forward not True, a gather
+    under no_grad (rowwise only) still moves the size of both copies; with it True (the
+    setting that saves bytes), forward and backward each move one copy (mxfp8: the rowwise and
+    columnwise copies are the same size up to scale padding)."""
+    return max(p.nbytes for p in plans)
+
+
 # ---------------------------------------------------------------- the gathered weight
 class GatheredLayout:
     """The buffers of the whole weight after an all-gather, carved from ONE flat uint8 tensor
@@ -280,14 +308,15 @@ class GatheredLayout:
 
 
 def fill_gathered(plan: ShardPlan, layout: GatheredLayout, flat: torch.Tensor,
-                  gathered: torch.Tensor, derive_columnwise: bool) -> List[Parts]:
+                  gathered: torch.Tensor, derive_columnwise: bool,
+                  nbytes: Optional[int] = None) -> List[Parts]:
     """Rebuilds every group's buffers in `flat` from the all-gather output; builds the
     columnwise copies from the rowwise ones when `derive_columnwise`. Returns per group the
     buffers of the directions now held."""
     held = list(plan.directions) + (["columnwise"] if derive_columnwise else [])
     groups = layout.carve(flat, held)
     sent = [{d: parts[d] for d in plan.directions} for parts in groups]
-    plan.unpack(gathered, sent, check=flat.device.type == "cpu")
+    plan.unpack(gathered, sent, check=flat.device.type == "cpu", nbytes=nbytes)
     if derive_columnwise:
         for rows, parts in zip(plan.group_rows, groups):
             columnwise_from_rowwise(plan.quantizer, rows, plan.cols, parts["rowwise"],
