@@ -10,7 +10,7 @@ and this file reports each case as a test:
 - gather_grouped: GroupedLinear's single grouped parameter, shards cutting experts;
 - bytes: the all-gather moves the format's bytes (counted at torch.distributed);
 - training: ten steps of a two-block transformer equal single-process training bit for bit;
-- delayed_state: the delayed-scaling states after three steps (a known failure: KNOWN);
+- delayed_state: the delayed-scaling states after three steps equal single-process ones;
 - meta_init: meta device + quantized_model_init + fully_shard + to_empty + reset_parameters;
 - dcp: torch.distributed.checkpoint round trip, and the world-size-2 checkpoint loaded at
   world size 4 (resharding);
@@ -35,10 +35,6 @@ CASES = {
         "refusals"],
     4: ["gather", "gather_grouped", "training", "meta_init", "dcp", "refusals"],
 }
-# Known failures, reported as strict xfails (an unexpected pass fails the run).
-KNOWN = {"delayed_state": "the FSDP2 model's delayed-scaling weight states run one scaling "
-                          "update more than single-process training's by the end of a step "
-                          "(weights and losses match bit for bit: case training)"}
 
 pytestmark = pytest.mark.skipif(
     not __import__("torch").distributed.is_available(), reason="torch without distributed")
@@ -101,9 +97,7 @@ ALL = [(w, c) for w in WORLDS for c in CASES.get(w, CASES[2])] + \
     ([(4, "dcp_reshard")] if 2 in WORLDS and 4 in WORLDS else [])
 
 
-@pytest.mark.parametrize("world,case", [
-    pytest.param(w, c, marks=pytest.mark.xfail(reason=KNOWN[c], strict=True)) if c in KNOWN
-    else (w, c) for w, c in ALL], ids=[f"world{w}-{c}" for w, c in ALL])
+@pytest.mark.parametrize("world,case", ALL, ids=[f"world{w}-{c}" for w, c in ALL])
 def test_fsdp(launches, world, case):
     result = launches[world].get(case, "not run")
     assert result == "ok", f"world size {world}, case {case}:\n{result}"
