@@ -2,15 +2,16 @@
 # The one script for a GPU machine: build with CUDA, run every C++ suite (test_gpu_parity
 # included: CUDA == CPU bit for bit) and the quantize benchmark.
 #
-#   tools/gpu_check.sh [configure|build|test|bench|llama|tp|all]...
-#                                         (default: all = build test bench llama tp)
+#   tools/gpu_check.sh [configure|build|test|bench|llama|tp|fsdp|all]...
+#                                         (default: all = build test bench llama tp fsdp)
 #
 #   configure  unpack .deps and configure only (build does this too when needed)
 #   build      unpack, configure unless $BUILD_DIR/CMakeCache.txt exists, build everything
 #   test       ctest -j8 (every suite, the test_gpu_parity_<format> entries included)
 #   bench      bench_quantize --out $OUT/bench.json, bench_gemm --out $OUT/bench_gemm.json,
 #              bench/bench_linear.py --out $OUT/bench_linear.json and
-#              bench/bench_grouped_linear.py --out $OUT/bench_grouped_linear.json (when the
+#              bench/bench_grouped_linear.py --out $OUT/bench_grouped_linear.json and
+#              bench/bench_fsdp.py --out $OUT/bench_fsdp.json (world size 1) (when the
 #              adapter is built)
 #   llama      bench/bench_hf_llama.py --out $OUT/bench_hf_llama.json: a Hugging Face Llama
 #              step with Llama-3-8B layer shapes, BF16 / torchao / qrecipe, eager and compiled
@@ -18,6 +19,11 @@
 #   tp         torchrun on 2 GPUs (NCCL; NVLink multicast off) of bench/bench_tp.py --check
 #              --out $OUT/bench_tp.json: a tensor + sequence parallel block, qrecipe against
 #              BF16, step time and collective bytes; skipped when fewer than 2 GPUs are visible
+#   fsdp       torchrun on FSDP_WORLD GPUs (default 2; NCCL; NVLink multicast off) of
+#              bench/bench_fsdp.py --out $OUT/bench_fsdp_ws<N>.json (and .md): FSDP2 steps
+#              per recipe against BF16 FSDP2 + AdamW(fused), bytes all-gathered and
+#              reduce-scattered, peak memory, and the world-size-N vs one-GPU equality check
+#              (about 2 minutes on 2 H100s); skipped when fewer than 2 GPUs are visible
 #
 # It needs nvcc, cmake (>= 3.24), ninja (or make) and python3 on the machine, and the Debian
 # packages of the other dependencies in .deps/ (libyaml-cpp-dev, libyaml-cpp0.7,
@@ -38,6 +44,9 @@
 #   BENCH_GROUPED_ARGS   extra arguments for bench_grouped_linear.py (e.g. "--configs 8x16384x4096x4096")
 #   BENCH_HF_ARGS        extra arguments for bench_hf_llama.py (e.g. "--check --samples 7")
 #   BENCH_TP_ARGS        extra arguments for bench_tp.py (e.g. "--recipes default --seq 4096")
+#   BENCH_FSDP_ARGS      extra arguments for bench_fsdp.py in the bench stage (world size 1)
+#   FSDP_WORLD           GPUs the fsdp stage runs on (default 2)
+#   FSDP_ARGS            extra arguments for bench_fsdp.py in the fsdp stage
 #   QRECIPE_GPU_PYTHON   0: do not build the PyTorch adapter (default: built when python3 has
 #                        a CUDA torch; then the test stage also runs pytest tests/python)
 #   CMAKE_ARGS           extra arguments for the configure step
@@ -65,10 +74,10 @@ MULTIARCH=x86_64-linux-gnu
 
 stages=("$@")
 [[ ${#stages[@]} -eq 0 ]] && stages=(all)
-if [[ " ${stages[*]} " == *" all "* ]]; then stages=(build test bench llama tp); fi
+if [[ " ${stages[*]} " == *" all "* ]]; then stages=(build test bench llama tp fsdp); fi
 for s in "${stages[@]}"; do
-  case $s in configure|build|test|bench|llama|tp) ;;
-    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, llama, tp, all)" >&2
+  case $s in configure|build|test|bench|llama|tp|fsdp) ;;
+    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, llama, tp, fsdp, all)" >&2
        exit 2 ;;
   esac
 done
@@ -289,6 +298,11 @@ do_test() {
     echo "--- pytest (PyTorch adapter, $(python3 -c 'import torch; print(torch.__version__)'))"
     PYTHONPATH="$BUILD_DIR/python" python3 -m pytest -q -p no:cacheprovider "$root/tests/python" \
       || rc=1
+    # FSDP2 with quantized parameters on the GPU: the same cases with NCCL at world size 1
+    # (the all-gather hooks still pack and unpack every weight; tests/python/test_fsdp.py).
+    echo "--- pytest test_fsdp.py with NCCL, world size 1"
+    QRECIPE_FSDP_BACKEND=nccl QRECIPE_FSDP_WORLDS=1 PYTHONPATH="$BUILD_DIR/python" \
+      python3 -m pytest -q -p no:cacheprovider "$root/tests/python/test_fsdp.py" || rc=1
   else
     echo "--- pytest skipped: the adapter was not built (no CUDA torch, or QRECIPE_GPU_PYTHON=0)"
   fi
@@ -324,6 +338,11 @@ do_bench() {
       # shellcheck disable=SC2086  # BENCH_GROUPED_ARGS is a list of words on purpose
       PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_grouped_linear.py" \
         --out "$OUT/bench_grouped_linear.json" ${BENCH_GROUPED_ARGS:-} || rc=1
+      # FSDP2 steps with quantized parameters against BF16 FSDP2 at world size 1 (bytes the
+      # all-gather would move, step time, the FSDP2-vs-one-GPU check; bench/bench_fsdp.py).
+      # shellcheck disable=SC2086  # BENCH_FSDP_ARGS is a list of words on purpose
+      PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_fsdp.py" \
+        --out "$OUT/bench_fsdp.json" ${BENCH_FSDP_ARGS:-} || rc=1
     fi
   fi
   merge_results || rc=1
@@ -335,7 +354,9 @@ do_bench() {
 merge_results() {
   local parts=()
   for f in bench.json bench_gemm.json bench_linear.json bench_grouped_linear.json \
-           bench_hf_llama.json bench_tp.json; do [[ -f $OUT/$f ]] && parts+=("$OUT/$f"); done
+           bench_hf_llama.json bench_tp.json bench_fsdp.json "bench_fsdp_ws${FSDP_WORLD:-2}.json"; do
+    [[ -f $OUT/$f ]] && parts+=("$OUT/$f")
+  done
   [[ ${#parts[@]} -eq 0 ]] && return 0
   python3 "$root/tools/bench_table.py" --merge "$OUT/results.json" "${parts[@]}" >"$OUT/results.md"
 }
@@ -384,6 +405,31 @@ do_tp() {
   return $rc
 }
 
+# ---------------------------------------------------------------- fsdp
+
+# FSDP2 with quantized parameters on FSDP_WORLD GPUs (bench/bench_fsdp.py: steps per recipe
+# against BF16 FSDP2, collective bytes, peak memory, the N-GPU vs one-GPU equality check).
+# NVLink multicast stays off, in the ranks too (torchrun passes the environment on).
+do_fsdp() {
+  runtime_env
+  if ! has_adapter; then echo "fsdp: the adapter was not built (no CUDA torch)"; return $SKIPPED; fi
+  local gpus world=${FSDP_WORLD:-2}
+  gpus=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+  if [[ ${gpus:-0} -lt 2 ]]; then
+    echo "fsdp: needs 2 GPUs, $gpus visible"; return $SKIPPED
+  fi
+  if [[ $world -gt $gpus ]]; then echo "fsdp: FSDP_WORLD=$world but $gpus GPUs visible"; return 1; fi
+  local rc=0
+  # shellcheck disable=SC2086  # FSDP_ARGS is a list of words on purpose
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+    PYTHONPATH="$BUILD_DIR/python" timeout 600 python3 -m torch.distributed.run --standalone \
+    --nproc-per-node "$world" "$root/bench/bench_fsdp.py" --out "$OUT/bench_fsdp_ws$world.json" \
+    --md "$OUT/bench_fsdp_ws$world.md" ${FSDP_ARGS:-} || rc=1
+  [[ -f $OUT/bench_fsdp_ws$world.md ]] && cat "$OUT/bench_fsdp_ws$world.md"
+  merge_results || rc=1
+  return $rc
+}
+
 # ---------------------------------------------------------------- summary
 
 print_summary() {
@@ -422,6 +468,7 @@ for s in "${stages[@]}"; do
     bench) stage bench do_bench || failed=1 ;;
     llama) stage llama do_llama || failed=1 ;;
     tp) stage tp do_tp || failed=1 ;;
+    fsdp) stage fsdp do_fsdp || failed=1 ;;
   esac
 done
 print_summary

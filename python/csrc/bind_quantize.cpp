@@ -406,14 +406,18 @@ void bind_quantize(py::module_& m) {
            "One direction as ONE uint8 tensor ([scale | amax | data]): an alias of its memory "
            "when it was quantized on its own, else a packed copy.")
       .def("drop", [](PyQuantized& q, const std::string& d) { q.tensor->drop(parse_direction(d)); })
-      .def("requantize", [](PyQuantized& q, const at::Tensor& src) {
+      .def("requantize", [](PyQuantized& q, const at::Tensor& src,
+                            std::optional<std::array<float, 2>> amax) {
         // In place, into the buffers it holds: every alias of the bytes sees the new values.
         const TensorView view = to_view(src, "tensor to requantize");
         QuantizeOptions options;
         options.stream = current_stream(src);
+        options.amax = amax;
         py::gil_scoped_release no_gil;
         q.quantizer.quantizer->quantize_into(view, *q.tensor, options);
-      }, py::arg("tensor"), "Quantizes `tensor` (same shape) into the directions held now.")
+      }, py::arg("tensor"), py::arg("amax") = std::nullopt,
+      "Quantizes `tensor` (same shape) into the directions held now; `amax` as in "
+      "Quantizer.quantize.")
       .def("dequantize", &dequantize, py::arg("direction"), py::arg("dtype"));
 
   m.def("quantize_grouped", &quantize_grouped, py::arg("quantizer"), py::arg("tensor"),

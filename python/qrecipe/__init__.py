@@ -21,7 +21,12 @@ and the layers below it, never upwards, and there are no import cycles
                      its engine and scaling state and knows whether its scaling update is
                      pending; check(model), explain(model); quantize() beside it
     autocasting      autocast: the active recipe and the once-per-step scaling update
-    quantized_param  QuantizedWeight and quantized_model_init (parameters stored quantized)
+    quantized_rows   row ranges of quantized tensors (cut, join, zeros, columnwise from
+                     rowwise), read off each format's layouts
+    quantized_shards shards across ranks: packing their bytes for an all-gather, rebuilding
+                     the gathered tensor, the amax all-reduce of their requantization
+    quantized_storage the bytes every alias of a QuantizedWeight shares (pieces, row groups)
+    quantized_param  QuantizedWeight (its torch ops, FSDP2 hooks) and quantized_model_init
     recomputation    replaying a qrecipe forward when torch.utils.checkpoint (reentrant or
                      not; Hugging Face's gradient checkpointing) recomputes it in backward
     checkpointing    checkpoint(): an alias of torch's non-reentrant checkpoint
@@ -30,7 +35,8 @@ and the layers below it, never upwards, and there are no import cycles
                    one grouped parameter), their base QuantizedModule, the GEMM operations
                    (linear_gemms) and their eager / compiled dispatch; imports the ground floor
   optim/           (to come) optimizers over quantized and master weights
-  distributed/     (to come) FSDP2 and tensor-parallel support
+  distributed/     FSDP2: fully_shard with checks and amax groups (fsdp); tensor parallelism
+                   to come
                    optim/ and distributed/ may import nn/ and the ground floor, never the
                    reverse
   top              this __init__ (the public names) and convert (convert(): nn.Linear ->
@@ -47,6 +53,7 @@ from .recipe import Recipe, RecipeWarning, quantize
 from .roles import QuantizerRole
 from . import formats
 from . import nn
+from . import distributed
 from .scaling_state import drop_scaling_states
 from .quantized_param import QuantizedWeight, quantized_model_init
 
@@ -66,4 +73,5 @@ __all__ = [
     "autocast", "current_recipe", "is_enabled",
     "convert", "quantize", "QuantizedTensor", "Quantizer", "nn", "plugins", "__version__",
     "drop_scaling_states", "QuantizedWeight", "QuantizedParameter", "quantized_model_init",
+    "distributed",
 ]

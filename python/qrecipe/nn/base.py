@@ -25,6 +25,7 @@ from .. import autocasting as _autocast
 from .. import recomputation as _recompute
 from .._engine import _C
 from ..quantization import SUPPORTED_DTYPES
+from ..quantized_param import QuantizedWeight
 from ..recipe import Recipe, as_recipe
 from .input_sharing import share_key
 from .linear_function import quantized_linear
@@ -49,10 +50,20 @@ def register_linear_parameters(module: torch.nn.Module, weight_name: str, bias_n
 
 def init_linear_parameters(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
     """torch.nn.Linear's initialisation of a [out, in] weight (Kaiming-uniform) and its bias
-    (uniform in +-1/sqrt(in)), drawing from torch's RNG in the same order."""
+    (uniform in +-1/sqrt(in)), drawing from torch's RNG in the same order. A weight stored
+    quantized (a QuantizedWeight, or an FSDP2 shard of one: a DTensor over it) gets the values
+    drawn into a plain tensor of its kind, then quantized into it (``copy_``; a shard of a
+    per-tensor-scaled format with the amax all-reduced across its ranks): the meta-device
+    init path (``to_empty`` + ``reset_parameters``)."""
     if weight.is_meta:
         return
-    torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+    if isinstance(getattr(weight, "_local_tensor", weight), QuantizedWeight):
+        values = plain_like(weight)
+        torch.nn.init.kaiming_uniform_(values, a=math.sqrt(5))
+        with torch.no_grad():
+            weight.copy_(values)
+    else:
+        torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
     if bias is not None:
         fan_in = weight.shape[1]
         bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
@@ -62,6 +73,17 @@ def init_linear_parameters(weight: torch.Tensor, bias: Optional[torch.Tensor]) -
 def _is_dtensor(t) -> bool:
     dtensor = getattr(getattr(torch.distributed, "tensor", None), "DTensor", None)
     return dtensor is not None and isinstance(t, dtensor)
+def plain_like(weight: torch.Tensor) -> torch.Tensor:
+    """An uninitialised high-precision tensor of `weight`'s shape, dtype and device; for a
+    DTensor, a DTensor of the same mesh and placements (so random init draws its values as
+    for a plain sharded parameter)."""
+    local = getattr(weight, "_local_tensor", None)
+    if local is None:
+        return torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
+    from torch.distributed.tensor import DTensor
+    return DTensor.from_local(torch.empty(local.shape, dtype=weight.dtype, device=local.device),
+                              weight.device_mesh, weight.placements, run_check=False,
+                              shape=weight.shape, stride=weight.stride())
 
 
 class QuantizedModule(ScalingStateMixin, torch.nn.Module):

@@ -35,6 +35,7 @@ same for their output gradients; torch.compile traces the per-expert path instea
 """
 from __future__ import annotations
 
+import math
 import operator
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -121,8 +122,17 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
 
     def reset_parameters(self) -> None:
         """Each expert as torch.nn.Linear (Kaiming-uniform weight, then uniform bias), expert
-        0 first, so both storage layouts draw the same values from the same seed."""
+        0 first, so both storage layouts draw the same values from the same seed. A single
+        grouped weight sharded by FSDP2 (a DTensor: meta-device init) is drawn in one call
+        (the experts share their fan-in, so the bounds are the same), then each bias."""
         with torch.no_grad():
+            if self.single_grouped_parameter and hasattr(self.weight, "_local_tensor"):
+                init_linear_parameters(self.weight, None)
+                fan_in = self.in_features
+                bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+                if self.use_bias:
+                    torch.nn.init.uniform_(self.bias, -bound, bound)
+                return
             for w, b in zip(self.expert_weights(), self.expert_biases()):
                 init_linear_parameters(w, b)
 

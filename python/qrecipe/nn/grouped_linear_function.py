@@ -24,9 +24,10 @@ import torch
 
 from .._engine import _C
 from ..quantization import COLUMNWISE, ROWWISE
+from ..quantized_param import QuantizedWeight
 from .linear_gemms import (LinearRoles, backward_usage, engine_bias, gemm_destination,
                            gemm_output, gemm_result, keep_columnwise, linear_backward,
-                           main_grad_of, operand, overlap_backward)
+                           main_grad_of, operand, overlap_backward, stored_dgrad_operand)
 from .saved_operands import pack_all, unpack_all
 
 
@@ -152,6 +153,9 @@ class GroupedLinearFunction(torch.autograd.Function):
                for op in (x_op, None if weights_own[i] else w_op)]
         tensors, ctx.packed = pack_all(ops)
         ctx.save_for_backward(*tensors)
+        # QuantizedWeight experts: dgrad reads their bytes when backward runs (FSDP2 may have
+        # gathered them again into new memory by then), as LinearFunction does.
+        ctx.stored_weights = [w if isinstance(w, QuantizedWeight) else None for w in weights]
         return y.reshape(*x.shape[:-1], y.shape[1])
 
     @staticmethod
@@ -173,6 +177,9 @@ class GroupedLinearFunction(torch.autograd.Function):
         rows = list(call.row_ranges())
         saved_x, saved_w = dense[0::2], [ctx.given_w[i] if ctx.given_w[i] is not None
                                          else op for i, op in enumerate(dense[1::2])]
+        if need_dgrad:
+            saved_w = [stored_dgrad_operand(w, "qrecipe.nn.GroupedLinear") if w is not None
+                       else op for w, op in zip(ctx.stored_weights, saved_w)]
         main_grads = [call.main_grad_weights[i] if need_wgrad[i] else None for i in range(n)]
         # Large native experts run each expert's dgrad beside its wgrad on two streams
         # (linear_backward); small ones, whose host time dominates, run batched.
@@ -203,6 +210,7 @@ class GroupedLinearFunction(torch.autograd.Function):
             if dbs and ctx.needs_input_grad[2 + n + i]:
                 dbs[i] = dy2[r0:r1].float().sum(0).to(ctx.bias_dtypes[i])
         ctx.given_w = None
+        ctx.stored_weights = None
         ctx.call = None
         dx = dx.reshape(ctx.x_shape) if dx is not None else None
         return (dx, None, *dws, *dbs)

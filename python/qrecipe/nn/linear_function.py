@@ -20,7 +20,8 @@ import torch
 from ..quantized_param import QuantizedWeight
 from . import compile_ops as _compile_ops
 from .compile_ops import compiled_linear
-from .linear_gemms import LinearRoles, linear_backward, linear_forward, weight_operand_of
+from .linear_gemms import (LinearRoles, linear_backward, linear_forward, stored_dgrad_operand,
+                           weight_operand_of)
 from .saved_operands import pack_all, unpack_all
 
 
@@ -33,6 +34,11 @@ class LinearFunction(torch.autograd.Function):
                 weight_op=None, fuse_wgrad_accumulation: bool = False):
         y, (saved_x, saved_w) = linear_forward(x, weight, bias, roles, need_dgrad, need_wgrad,
                                                weight_op, share_input=True)
+        # A QuantizedWeight's dgrad bytes are read from the weight when backward runs (FSDP2
+        # may have gathered them again into new memory by then).
+        ctx.stored_weight = weight if isinstance(weight, QuantizedWeight) and need_dgrad else None
+        if ctx.stored_weight is not None:
+            saved_w = None
         ctx.roles = roles
         # main_grad accumulation: the Parameter itself is kept to reach .main_grad in backward.
         ctx.main_grad_weight = weight if (fuse_wgrad_accumulation and need_wgrad) else None
@@ -56,6 +62,8 @@ class LinearFunction(torch.autograd.Function):
         saved_x, saved_w = unpack_all(ctx.saved_tensors, ctx.packed)
         if ctx.given_w is not None:
             saved_w = ctx.given_w
+        if ctx.stored_weight is not None:
+            saved_w = stored_dgrad_operand(ctx.stored_weight, "qrecipe module")
         dy2 = dy.reshape(-1, ctx.roles.plan["out_features"]).contiguous()
         dx, dw = linear_backward(dy2, saved_x, saved_w, ctx.roles, x_shape=ctx.x_shape,
                                  x_dtype=ctx.x_dtype, w_dtype=ctx.w_dtype,
@@ -66,6 +74,7 @@ class LinearFunction(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.float().sum(0).to(ctx.bias_dtype)
         ctx.given_w = None
+        ctx.stored_weight = None
         ctx.main_grad_weight = None
         return dx, dw, db, None, None, None, None, None
 

@@ -291,16 +291,29 @@ def main_grad_of(weight: torch.Tensor, rows: int, cols: int, device: torch.devic
     return main_grad
 
 
-def _stored_weight_operand(weight: "QuantizedWeight", need_dgrad: bool, who: str):
-    """The bytes a QuantizedWeight holds, used as they are (quantized_model_init). They were
-    made by the quantizer the recipe gave the weight's role at creation; the GEMM reads them
-    with that quantizer whatever the active recipe says for the role."""
+def _stored_weight_operand(weight: "QuantizedWeight", who: str):
+    """The bytes a QuantizedWeight holds, used as they are (quantized_model_init) for fprop.
+    They were made by the quantizer the recipe gave the weight's role at creation; the GEMM
+    reads them with that quantizer whatever the active recipe says for the role. dgrad's
+    columnwise copy is taken when backward runs (stored_dgrad_operand)."""
     stored = weight.engine_tensor
-    for direction, needed in (("rowwise", True), ("columnwise", need_dgrad)):
-        if needed and not stored.has(direction):
-            raise RuntimeError(f"{who}: its QuantizedWeight holds {stored.usage} data only but "
-                               f"the GEMMs need {direction}; create it with both directions "
-                               "(quantized_model_init does)")
+    if not stored.has("rowwise"):
+        raise RuntimeError(f"{who}: its QuantizedWeight holds {stored.usage} data only but "
+                           "fprop needs rowwise; create it with both directions "
+                           "(quantized_model_init does)")
+    return stored
+
+
+def stored_dgrad_operand(weight: "QuantizedWeight", who: str):
+    """The columnwise bytes a QuantizedWeight holds *now*, for dgrad: read when backward runs,
+    not kept from the forward, because the weight's bytes may have moved in between (FSDP2
+    frees a parameter after the forward and gathers it again, into new memory, for the
+    backward)."""
+    stored = weight.engine_tensor
+    if not stored.has("columnwise"):
+        raise RuntimeError(f"{who}: its QuantizedWeight holds {stored.usage} data only but "
+                           "dgrad needs columnwise; create it with both directions "
+                           "(quantized_model_init does)")
     return stored
 
 
@@ -313,7 +326,7 @@ def weight_operand_of(weight: torch.Tensor, roles: LinearRoles, need_dgrad: bool
     or taken from the weight cache (`is_first_microbatch`, weight_cache.py; an entry made
     under another `scaling_generation` of the recipe, see Recipe, is stale)."""
     if isinstance(weight, QuantizedWeight):
-        return _stored_weight_operand(weight, need_dgrad, who)
+        return _stored_weight_operand(weight, who)
     if roles.weight is None:
         return None
     return cached_weight_operand(
