@@ -12,7 +12,7 @@ Where references are looked for:
   - C, C++ and CUDA sources and headers: // and /* */ comments.
   - Python: # comments and string literals that stand alone as statements (docstrings).
   - Shell, CMake, YAML, TOML: # comments.
-Files under build*/ and examples/data/ (the corpus) are not read.
+Files under build*/ are ignored; those under examples/data/ (the corpus) exist but are not read.
 
 What counts as a reference (and must exist):
   1. "DESIGN.md", anywhere: that file is not part of the repository (docs/architecture.md and
@@ -43,7 +43,8 @@ from typing import Iterator, List, Optional, Set, Tuple
 
 C_LIKE = {".c", ".cc", ".cpp", ".cxx", ".h", ".hh", ".hpp", ".cu", ".cuh"}
 HASH_COMMENTS = {".sh", ".cmake", ".yaml", ".yml", ".toml"}
-SKIPPED_PREFIXES = ("build", "examples/data/", ".git/")
+NOT_READ = ("examples/data/",)  # the corpus: text, not documentation
+SKIPPED_PREFIXES = ("build", ".git/")
 
 PATH_CHARS = r"[A-Za-z0-9_.*?<>+\-]"
 PATH_RE = re.compile(rf"(?<![A-Za-z0-9_./$<>-])((?:{PATH_CHARS}+/)+{PATH_CHARS}*)")
@@ -225,6 +226,8 @@ def check(root: Path) -> List[str]:
     for rel in files:
         path = root / rel
         if path.resolve() == me:
+            continue
+        if rel.startswith(NOT_READ):
             continue
         for number, text in documented_text(path, rel):
             for ref, why in references(repo, rel, text):
