@@ -32,10 +32,12 @@ import qrecipe
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import char_lm  # noqa: E402  (the model beside this file)
 
-try:
+try:  # refuse clearly, before any training: the progress bar and the plot are the demo
+    import matplotlib
     from tqdm import tqdm
-except ImportError:  # refuse clearly: the progress bar is part of the demo
-    sys.exit("char_lm_demo.py needs tqdm (pip install tqdm; tools/setup.sh installs the pin)")
+except ImportError as missing:
+    sys.exit(f"char_lm_demo.py needs tqdm and matplotlib ({missing}); tools/setup.sh installs "
+             f"the pinned versions (pip install tqdm matplotlib also works)")
 
 REPO = Path(__file__).resolve().parent.parent
 # Per device: on the CPU a size whose run under the default recipe (the formats' reference
@@ -105,7 +107,6 @@ def smooth(values: List[float], half_window: int = 5) -> List[float]:
 
 def plot(results, baseline, out: Path, title: str) -> Path:
     """The loss curves (top) and each recipe's difference to the baseline (bottom)."""
-    import matplotlib
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 

@@ -219,7 +219,11 @@ def _normalize(path: str) -> Optional[str]:
 
 
 def check(root: Path) -> List[str]:
-    files = repo_files(root)
+    """Every offender as 'file:line: 'reference': why'."""
+    return check_files(root, repo_files(root))
+
+
+def check_files(root: Path, files: List[str]) -> List[str]:
     repo = Repo(root, files)
     problems = []
     me = Path(__file__).resolve()
@@ -290,7 +294,8 @@ def main(argv: List[str]) -> int:
         print(f"check_doc_references.py: {root} is not the qrecipe repository root "
               f"(no CMakeLists.txt)", file=sys.stderr)
         return 2
-    problems = check(root)
+    files = repo_files(root)
+    problems = check_files(root, files)
     if problems:
         print(f"{len(problems)} reference(s) to paths that do not exist:")
         for p in problems:
