@@ -42,8 +42,9 @@ except ImportError as missing:
 REPO = Path(__file__).resolve().parent.parent
 # Per device: on the CPU a size whose run under the default recipe (the formats' reference
 # code: a step costs about 5x the FP32 baseline's) and the baseline together take about 30 s
-# of CPU time, so the demo ends within 5 minutes on a busy 2-core machine; on a GPU a larger
-# model that trains further in about a minute.
+# of CPU time, so the demo ends within 5 minutes on a busy 2-core machine (measured: 98 s of
+# training, 2.5 minutes for all of tools/demo.sh, at a load average of 13-15); on a GPU a
+# larger model that trains further.
 PRESETS = {
     "cpu": dict(steps=250, batch=8, context=64, width=64, layers=2, heads=4),
     "cuda": dict(steps=1000, batch=32, context=256, width=384, layers=4, heads=6),

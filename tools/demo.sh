@@ -31,11 +31,12 @@ recipe=recipes/default.yaml
 run() { echo; echo "\$ qrecipe $*"; "$qr" "$@"; }
 run plugins
 run recipe check "$recipe"
-# The demo model's GEMMs (examples/char_lm.py) as the recipe treats them on Hopper.
-run recipe explain "$recipe" --device sm90 --tokens 1024 \
-  --module layernorm_linear:layers.0.attn.qkv:128:384 --module linear:layers.0.attn.proj:128:128 \
-  --module layernorm_mlp:layers.0.mlp.fc1:128:512 --module layernorm_mlp:layers.0.mlp.fc2:512:128 \
-  --module linear:lm_head:128:96
+# The demo model's GEMMs (examples/char_lm.py, at its GPU size: width 384, 32 x 256 tokens)
+# as the recipe treats them on Hopper.
+run recipe explain "$recipe" --device sm90 --tokens 8192 \
+  --module layernorm_linear:layers.0.attn.qkv:384:1152 --module linear:layers.0.attn.proj:384:384 \
+  --module layernorm_mlp:layers.0.mlp.fc1:384:1536 --module layernorm_mlp:layers.0.mlp.fc2:1536:384 \
+  --module linear:lm_head:384:96
 for fmt in $("$qr" plugins | awk '/^  [a-z0-9_]+ [0-9]/{print $1}'); do
   [[ "$fmt" == hybrid ]] && continue
   run quantize --format "$fmt" --shape 1024x1024 --seed 0
