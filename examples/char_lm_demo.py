@@ -97,7 +97,7 @@ def pick_device(choice: str) -> torch.device:
     return torch.device(choice)
 
 
-def smooth(values: List[float], half_window: int = 5) -> List[float]:
+def smooth(values: List[float], half_window: int) -> List[float]:
     """A centred moving average (the window shrinks at the ends), so a curve does not lag."""
     out = []
     for i in range(len(values)):
@@ -114,13 +114,16 @@ def plot(results, baseline, out: Path, title: str) -> Path:
     fig, (ax, gap_ax) = plt.subplots(2, 1, figsize=(9, 7.5), dpi=120, sharex=True,
                                      gridspec_kw={"height_ratios": [3, 1.4]})
     colors = plt.get_cmap("tab10")
-    base_smooth = smooth(baseline.losses)
+    # 11-step windows for a long run; a short one (CI's) is drawn as it is.
+    half = min(5, len(baseline.losses) // 20)
+    base_smooth = smooth(baseline.losses, half)
     for i, r in enumerate([baseline] + results):
         steps = range(1, len(r.losses) + 1)
         is_base = r is baseline
         color = "black" if is_base else colors((i - 1) % 10)
-        curve = smooth(r.losses)
-        ax.plot(steps, r.losses, color=color, alpha=0.15, linewidth=0.8)
+        curve = smooth(r.losses, half)
+        if half:
+            ax.plot(steps, r.losses, color=color, alpha=0.15, linewidth=0.8)
         ax.plot(steps, curve, color=color, linewidth=2.2 if is_base else 1.5,
                 linestyle="--" if is_base else "-", zorder=3 if is_base else 2,
                 label=f"{r.label} ({str(r.dtype).removeprefix('torch.')}): final "
@@ -132,10 +135,11 @@ def plot(results, baseline, out: Path, title: str) -> Path:
     ax.set_ylabel("training loss (cross-entropy,\nnats per character)")
     ax.set_title(title, fontsize=11)
     ax.grid(True, alpha=0.3)
-    ax.legend(title="run (thin: per step; thick: 11-step moving average)", fontsize=8.5,
+    ax.legend(title=f"run (thin: per step; thick: {2 * half + 1}-step moving average)"
+              if half else "run (loss per step)", fontsize=8.5,
               title_fontsize=8.5, loc="upper right")
     gap_ax.set_xlabel("training step")
-    gap_ax.set_ylabel("loss - baseline loss\n(moving averages)")
+    gap_ax.set_ylabel("loss - baseline loss" + ("\n(moving averages)" if half else ""))
     gap_ax.grid(True, alpha=0.3)
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
