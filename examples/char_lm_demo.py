@@ -42,9 +42,9 @@ except ImportError as missing:
 REPO = Path(__file__).resolve().parent.parent
 # Per device: on the CPU a size whose run under the default recipe (the formats' reference
 # code: a step costs about 5x the FP32 baseline's) and the baseline together take about 30 s
-# of CPU time, so the demo ends within 5 minutes on a busy 2-core machine (measured: 98 s of
-# training, 2.5 minutes for all of tools/demo.sh, at a load average of 13-15); on a GPU a
-# larger model that trains further.
+# of CPU time, so the demo ends within 5 minutes on a busy 2-core machine (measured: 98 and
+# 141 s of training, 2.5 and 3.4 minutes for all of tools/demo.sh with the build up to date,
+# at load averages of 13-15 and 9); on a GPU a larger model that trains further.
 PRESETS = {
     "cpu": dict(steps=250, batch=8, context=64, width=64, layers=2, heads=4),
     "cuda": dict(steps=1000, batch=32, context=256, width=384, layers=4, heads=6),
@@ -58,10 +58,12 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--recipe", nargs="+", type=Path, metavar="RECIPE.yaml",
                    default=[REPO / "recipes" / "default.yaml"],
                    help="one or more recipe files (default: recipes/default.yaml)")
-    p.add_argument("--steps", type=int, help="training steps per run (default: 150 on the "
-                   "CPU, 1500 on a GPU); a few steps is the short mode CI runs")
+    p.add_argument("--steps", type=int, help=f"training steps per run (default: "
+                   f"{PRESETS['cpu']['steps']} on the CPU, {PRESETS['cuda']['steps']} on a "
+                   f"GPU); a few steps is the short mode CI runs")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="auto: cuda when torch sees a GPU and qrecipe was built with CUDA")
+                   help="auto: cuda when torch sees a GPU (qrecipe must then be built with "
+                   "CUDA, or the first quantize says so), else cpu")
     p.add_argument("--batch", type=int, help="sequences per step")
     p.add_argument("--context", type=int, help="characters per sequence (multiple of 16)")
     p.add_argument("--width", type=int, help="model width (multiple of 32)")

@@ -43,5 +43,5 @@ for fmt in $("$qr" plugins | awk '/^  [a-z0-9_]+ [0-9]/{print $1}'); do
 done
 
 echo
-echo "\$ python3 examples/char_lm_demo.py $*"
+echo "\$ python3 examples/char_lm_demo.py${*:+ $*}"
 PYTHONPATH="$root/build/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" examples/char_lm_demo.py "$@"
