@@ -62,7 +62,7 @@ from qrecipe.nn import linear_gemms
 
 ROWWISE, COLUMNWISE = 1, 2
 GEMMS = ("fprop", "dgrad", "wgrad")
-# The operands of each GEMM (DESIGN.md section 6): (tensor, direction) of A, then of B.
+# The operands of each GEMM (docs/gemm.md): (tensor, direction) of A, then of B.
 GEMM_OPERANDS = {"fprop": (("x", "rowwise"), ("w", "rowwise")),
                  "dgrad": (("dy", "rowwise"), ("w", "columnwise")),
                  "wgrad": (("dy", "columnwise"), ("x", "columnwise"))}

@@ -1,5 +1,5 @@
-// GEMM: the CPU reference product, the epilogue, shape checks, the pairing table of DESIGN.md
-// section 6, and the three GEMMs of a linear layer on quantized operands against FP64.
+// GEMM: the CPU reference product, the epilogue, shape checks, the pairing table of
+// docs/gemm.md, and the three GEMMs of a linear layer on quantized operands against FP64.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -219,7 +219,7 @@ OperandTraits mx(qr_dtype dt = QR_DTYPE_E4M3) {
 using P = GemmPlan::Path;
 }  // namespace
 
-TEST_CASE("pairing table on Hopper (DESIGN.md section 6)") {
+TEST_CASE("pairing table on Hopper (docs/gemm.md)") {
   const auto sm90 = GemmTarget::sm90;
   const auto e4 = fp8_tensor(QR_DTYPE_E4M3), e5 = fp8_tensor(QR_DTYPE_E5M2);
   auto fp = plan_gemm(GemmKind::fprop, e4, e4, sm90, 64, 64, 64);

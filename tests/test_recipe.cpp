@@ -1,4 +1,4 @@
-// Tests of recipes (engine/src/recipe/, DESIGN.md section 5, docs/recipes.md).
+// Tests of recipes (engine/src/recipe/, docs/recipes.md).
 //
 // Map:
 //   1. glob_match

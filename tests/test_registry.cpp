@@ -1,6 +1,6 @@
-// Registry: every load failure of DESIGN.md section 4 is reported clearly, names the file and
-// the cause, and leaves the other plugins usable. Uses the plugins built on purpose in
-// tests/broken_plugins (one directory per case).
+// Registry: every load failure of docs/plugins.md ("How plugins are found") is reported clearly,
+// names the file and the cause, and leaves the other plugins usable. Uses the plugins built on
+// purpose in tests/broken_plugins (one directory per case).
 #include <doctest/doctest.h>
 
 #include <cstdlib>

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The one script for a GPU machine: build with CUDA, run every C++ suite (test_gpu_parity
-# included: CUDA == CPU bit for bit) and the quantize benchmark.
+# included: CUDA == CPU bit for bit), the benchmarks and the training demo on the GPU.
 #
-#   tools/gpu_check.sh [configure|build|test|bench|llama|tp|fsdp|all]...
-#                                         (default: all = build test bench llama tp fsdp)
+#   tools/gpu_check.sh [configure|build|test|bench|demo|llama|tp|fsdp|all]...
+#                                         (default: all = build test bench demo llama tp fsdp)
 #
 #   configure  unpack .deps and configure only (build does this too when needed)
 #   build      unpack, configure unless $BUILD_DIR/CMakeCache.txt exists, build everything
@@ -13,6 +13,17 @@
 #              bench/bench_grouped_linear.py --out $OUT/bench_grouped_linear.json and
 #              bench/bench_fsdp.py --out $OUT/bench_fsdp.json (world size 1) (when the
 #              adapter is built)
+#   demo       examples/char_lm_demo.py --device cuda (the demo of tools/demo.sh at its GPU size:
+#              1000 steps of a 4-block GPT) under recipes/default.yaml (native FP8 on Hopper),
+#              mxfp8.yaml and nvfp4.yaml (emulated there) next to a BF16 baseline; its table,
+#              sample and $OUT/demo/char_lm_loss.png (skipped without the adapter). Needs tqdm
+#              and matplotlib: when python3 lacks them they are installed offline from .whl/
+#              (git-ignored; carry it), filled beforehand on a machine with network by
+#                pip download --only-binary=:all: --python-version 3.12 --no-deps \
+#                  --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
+#                  -d .whl tqdm==4.70.1 matplotlib==3.10.8 contourpy==1.3.3 \
+#                  cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1 pillow==13.0.0 \
+#                  pyparsing==3.3.2 python-dateutil==2.9.0.post0 six==1.17.0 packaging==26.2
 #   llama      bench/bench_hf_llama.py --out $OUT/bench_hf_llama.json: a Hugging Face Llama
 #              step with Llama-3-8B layer shapes, BF16 / torchao / qrecipe, eager and compiled
 #              (needs the adapter and transformers; skipped, not failed, without them)
@@ -47,6 +58,8 @@
 #   BENCH_FSDP_ARGS      extra arguments for bench_fsdp.py in the bench stage (world size 1)
 #   FSDP_WORLD           GPUs the fsdp stage runs on (default 2)
 #   FSDP_ARGS            extra arguments for bench_fsdp.py in the fsdp stage
+#   DEMO_ARGS            arguments for char_lm_demo.py instead of the three recipes (e.g.
+#                        "--recipe recipes/default.yaml --steps 300")
 #   QRECIPE_GPU_PYTHON   0: do not build the PyTorch adapter (default: built when python3 has
 #                        a CUDA torch; then the test stage also runs pytest tests/python)
 #   CMAKE_ARGS           extra arguments for the configure step
@@ -74,10 +87,10 @@ MULTIARCH=x86_64-linux-gnu
 
 stages=("$@")
 [[ ${#stages[@]} -eq 0 ]] && stages=(all)
-if [[ " ${stages[*]} " == *" all "* ]]; then stages=(build test bench llama tp fsdp); fi
+if [[ " ${stages[*]} " == *" all "* ]]; then stages=(build test bench demo llama tp fsdp); fi
 for s in "${stages[@]}"; do
-  case $s in configure|build|test|bench|llama|tp|fsdp) ;;
-    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, llama, tp, fsdp, all)" >&2
+  case $s in configure|build|test|bench|demo|llama|tp|fsdp) ;;
+    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, demo, llama, tp, fsdp, all)" >&2
        exit 2 ;;
   esac
 done
@@ -361,6 +374,32 @@ merge_results() {
   python3 "$root/tools/bench_table.py" --merge "$OUT/results.json" "${parts[@]}" >"$OUT/results.md"
 }
 
+# ---------------------------------------------------------------- demo
+
+# The training demo on the GPU: every run must train and its loss fall (the demo's exit status).
+do_demo() {
+  runtime_env
+  if ! has_adapter; then echo "demo: the adapter was not built (no CUDA torch)"; return $SKIPPED; fi
+  if ! python3 -c 'import tqdm, matplotlib' 2>/dev/null; then
+    shopt -s nullglob
+    local wheels=("$root"/.whl/*.whl)
+    shopt -u nullglob
+    if [[ ${#wheels[@]} -eq 0 ]]; then
+      echo "demo: python3 lacks tqdm or matplotlib and $root/.whl holds no wheels: download" \
+           "them there (the pip download command in this script's header) and carry .whl"
+      return 1
+    fi
+    echo "--- installing tqdm and matplotlib from .whl (offline)"
+    python3 -m pip install --no-index --find-links "$root/.whl" tqdm matplotlib || return 1
+  fi
+  local args
+  # shellcheck disable=SC2206  # DEMO_ARGS is a list of words on purpose
+  args=(${DEMO_ARGS:---recipe recipes/default.yaml recipes/mxfp8.yaml recipes/nvfp4.yaml})
+  echo "--- python3 examples/char_lm_demo.py --device cuda --out $OUT/demo ${args[*]}"
+  PYTHONPATH="$BUILD_DIR/python" python3 "$root/examples/char_lm_demo.py" --device cuda \
+    --out "$OUT/demo" "${args[@]}"
+}
+
 # ---------------------------------------------------------------- llama
 
 # A Hugging Face Llama step (Llama-3-8B layer shapes): BF16, torchao float8 and qrecipe, eager
@@ -452,6 +491,12 @@ print_summary() {
         | sed -E 's/^.*(MESSAGE|ERROR): /  \1: /' | grep -v 'supports cpu only\|not in QRECIPE_GPU_PARITY_ONLY' | head -n 60
     fi
   fi
+  if [[ -f $OUT/demo.log && " ${summary_order[*]} " == *" demo "* ]]; then
+    # The demo's table of losses and its time (tqdm's bars stay in demo.log).
+    echo
+    awk '/^final loss/{on=1} /^sample from/{on=0} on' "$OUT/demo.log"
+    grep -E '^total training time|^FAILED' "$OUT/demo.log" || true
+  fi
   if [[ -f $OUT/results.md && " ${summary_order[*]} " =~ \ (bench|llama|tp)\  ]]; then
     # Every benchmark record of this run (quantize, GEMM, Linear step), last.
     echo
@@ -466,6 +511,7 @@ for s in "${stages[@]}"; do
     build) stage build do_build || { failed=1; break; } ;;  # nothing to test without a build
     test) stage test do_test || failed=1 ;;
     bench) stage bench do_bench || failed=1 ;;
+    demo) stage demo do_demo || failed=1 ;;
     llama) stage llama do_llama || failed=1 ;;
     tp) stage tp do_tp || failed=1 ;;
     fsdp) stage fsdp do_fsdp || failed=1 ;;

@@ -3,7 +3,8 @@
 # checks and returns in seconds. Pins are exact so every machine builds the same thing.
 #   apt : yaml-cpp (recipes), Boost (Boost.DLL plugin loading), doctest (C++ tests)
 #   pip : torch (CPU build, for the adapter), pytest, scikit-build-core (pip install of the
-#         adapter), cuBLASLt headers (CUDA build, compile only here)
+#         adapter), tqdm and matplotlib (the training demo's progress bar and loss plot),
+#         cuBLASLt headers (CUDA build, compile only here)
 set -euo pipefail
 
 APT_PACKAGES=(libyaml-cpp-dev libboost-dev doctest-dev)
@@ -11,6 +12,8 @@ PIP_PINS=("nvidia-cublas==13.1.0.3")
 if [[ "${QRECIPE_SETUP_TORCH:-1}" == 1 ]]; then
   # scikit-build-core: `pip install --no-build-isolation .` of the adapter (pyproject.toml)
   PIP_PINS+=("torch==2.13.0" "pytest==8.3.3" "numpy>=1.26,<3" "scikit-build-core==1.1.2")
+  # examples/char_lm_demo.py (tools/demo.sh, and its short mode in tools/test.sh)
+  PIP_PINS+=("tqdm==4.70.1" "matplotlib==3.10.8")
 fi
 
 missing=()

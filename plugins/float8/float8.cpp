@@ -1,5 +1,5 @@
 // float8 format plugin: per-tensor FP8 (E4M3 / E5M2) with current or delayed scaling
-// (DESIGN.md section 7, "float8").
+// (docs/numerics.md, "float8").
 //
 // Map of this file
 //   1. options: how the validated recipe options resolve (defaults, cross-option checks)

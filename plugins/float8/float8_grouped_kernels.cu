@@ -1,7 +1,7 @@
 // CUDA kernels of grouped float8 quantization (float8_grouped_kernels.hpp), bit-exact with
 // float8_ref.cpp applied to each group alone.
 //
-// Map of this file (STYLE.md rule 11):
+// Map of this file (docs/architecture.md, "Conventions", rule 11):
 //   1. the group table (kernel parameter)
 //   2. device helpers: a group's scale and scalars, its amax under delayed scaling
 //   3. kernels: zero the amax targets, grouped amax, grouped casts (rowwise chunks; cast +

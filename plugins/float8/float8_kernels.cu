@@ -1,6 +1,7 @@
 // CUDA kernels of the float8 format, bit-exact with float8_ref.cpp.
 //
-// Map of this file (STYLE.md rule 11: helpers, kernels, launchers, entries):
+// Map of this file (docs/architecture.md, "Conventions", rule 11: helpers, kernels,
+// launchers, entries):
 //   1. error checking, device guard, launch sizes (resident blocks per device and kernel),
 //      launches that overlap the previous kernel (PDL), the memory pool of the amax pass's
 //      scratch (sdk::cuda::StreamScratch)

@@ -1,4 +1,4 @@
-// hybrid format plugin: a different format per direction (DESIGN.md sections 5-7, "hybrid").
+// hybrid format plugin: a different format per direction (docs/numerics.md, "hybrid").
 //
 //   quantizer:
 //     format: hybrid

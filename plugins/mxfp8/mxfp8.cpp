@@ -1,5 +1,5 @@
 // mxfp8 format plugin: OCP MX FP8 with TransformerEngine's numerics. Blocks of 32 elements
-// share one E8M0 (power-of-two) scale (DESIGN.md section 7, "mxfp8"; the rules themselves are
+// share one E8M0 (power-of-two) scale (docs/numerics.md, "mxfp8"; the rules themselves are
 // in mxfp8_ref.hpp).
 //
 // Map of this file

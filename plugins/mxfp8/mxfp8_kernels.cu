@@ -1,6 +1,7 @@
 // CUDA kernels of the mxfp8 format, bit-exact with mxfp8_ref.cpp.
 //
-// Map of this file (STYLE.md rule 11: helpers, kernels, launchers, entries):
+// Map of this file (docs/architecture.md, "Conventions", rule 11: helpers, kernels,
+// launchers, entries):
 //   1. checking and the element traits it uses (qrecipe/cuda_sdk.cuh)
 //   2. kernels: fused rowwise + columnwise quantize (the CTA tile is mxfp8_device.cuh's
 //      quantize_cta_tile, shared with the grouped kernel), the dequantize decode (the kernel
@@ -14,7 +15,7 @@
 // --ftz=false --prec-div=true (QrecipeCompileFlags.cmake), so the device performs the same IEEE
 // operations. The sat_rne of the scaled element is the hardware cvt.rn.satfinite of
 // qrecipe/fast_conversions.cuh, equal to num::f32_to_e4m3 / f32_to_e5m2 on every FP32 input
-// (tests/gpu/test_gpu_conversions, all 2^32 inputs), with the reference's NaN code applied to
+// (tests/gpu/test_gpu_conversions.cpp, all 2^32 inputs), with the reference's NaN code applied to
 // the runs that hold a NaN. A block amax is an exact max (NaN ignored by fmaxf), so neither its
 // reduction order nor the zeros that pad a partial tile change it.
 //

@@ -1,6 +1,6 @@
 // nvfp4 format plugin: NVFP4 (E2M1 elements, E4M3 scales per 16 elements, an FP32 tensor
 // amax per direction), with optional 16x16 tiles, random Hadamard transform of the wgrad
-// operand and stochastic rounding (DESIGN.md section 7, "nvfp4"; the rules are in
+// operand and stochastic rounding (docs/numerics.md, "nvfp4"; the rules are in
 // nvfp4_ref.hpp).
 //
 // Map of this file

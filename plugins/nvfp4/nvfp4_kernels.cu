@@ -11,7 +11,7 @@
 // with the code they share in nvfp4_device.cuh (block scale code, pitches, QuantizeParams) and
 // the launchers they export in nvfp4_passes.cuh.
 //
-// Passes of one quantize call (M x K source, DESIGN.md section 7 "nvfp4"):
+// Passes of one quantize call (M x K source, docs/numerics.md, "nvfp4"):
 //   pass 1, the tensor amax (skipped when the caller passes a reduced amax; both amax buffers
 //   are zeroed by one launch first):
 //     - plain: grid-stride 16-byte loads, max |x| into every requested direction's amax

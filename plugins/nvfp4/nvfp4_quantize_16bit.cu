@@ -1,10 +1,10 @@
 // Pass 2 of nvfp4 quantize for bf16 / f16 sources with round to nearest and 1-D blocks: the
 // hot path (nvfp4_kernels.cu has the map of the passes).
 //
-// Map of this file (STYLE.md rule 11): the design (below), the tile and lane geometry, device
-// helpers (PRMT byte permutes, cp.async copies, the byte-packing encoders, block scale pairs,
-// staging), the per-lane quantize (fast path and the exact per-element path), the persistent
-// kernel, then its launcher.
+// Map of this file (docs/architecture.md, "Conventions", rule 11): the design (below), the tile and
+// lane geometry, device helpers (PRMT byte permutes, cp.async copies, the byte-packing encoders,
+// block scale pairs, staging), the per-lane quantize (fast path and the exact per-element path),
+// the persistent kernel, then its launcher.
 //
 // Exactness: as nvfp4_kernels.cu says. The E2M1 encoders and the block scale's hardware E4M3
 // conversion are proven equal to the references over all 2^32 inputs (test_gpu_conversions).

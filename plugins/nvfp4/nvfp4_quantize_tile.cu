@@ -4,8 +4,8 @@
 //   - 2d or Hadamard: quantize_kernel, one block of 256 threads per 64x64 shared-memory tile
 //     (nvfp4_tile64.cuh), both directions from one read of the tile.
 //
-// Map of this file (STYLE.md rule 11): device helpers (the quantization of one 16-element
-// block, packed E2M1 stores), the kernels, then their launchers.
+// Map of this file (docs/architecture.md, "Conventions", rule 11): device helpers (the quantization
+// of one 16-element block, packed E2M1 stores), the kernels, then their launchers.
 //
 // Exactness: as nvfp4_kernels.cu says (every scalar rule is nvfp4_rules.hpp, compiled with
 // -fmad=false --ftz=false --prec-div=true; amaxes are exact maxima).

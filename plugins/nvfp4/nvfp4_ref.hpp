@@ -1,4 +1,4 @@
-// CPU reference of the nvfp4 format: the executable specification (DESIGN.md section 7,
+// CPU reference of the nvfp4 format: the executable specification (docs/numerics.md,
 // "nvfp4"). The CUDA kernels (nvfp4_kernels.cu) reproduce its bytes, scales and amax bit for
 // bit (test_gpu_parity holds them to it); test_nvfp4.cpp and the conformance suite hold the
 // plugin to this file.
@@ -174,7 +174,7 @@ struct Request {
 void check_quantize_call(const qr_tensor_view& src, const Config& config,
                          const Request& request);
 
-// Quantize src into the requested directions (DESIGN.md section 7, nvfp4).
+// Quantize src into the requested directions (docs/numerics.md, "nvfp4").
 void quantize(const qr_tensor_view& src, const Config& config, const Request& request);
 
 }  // namespace qrecipe::nvfp4::ref

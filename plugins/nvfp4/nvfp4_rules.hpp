@@ -1,4 +1,4 @@
-// The scalar rules of nvfp4 (DESIGN.md section 7, "nvfp4"; docs/numerics.md) as __host__
+// The scalar rules of nvfp4 (docs/numerics.md, "nvfp4") as __host__
 // __device__ functions: the single implementation that the CPU reference (nvfp4_ref.cpp) and
 // the CUDA kernels (nvfp4_kernels.cu) both run, so the two cannot drift apart. Every FP4/FP8
 // rounding goes through qrecipe::num; the order of FP32 operations is the one written here

@@ -4,7 +4,7 @@
 // sharing any generator state. Written from the published constants; checked against the
 // Random123 known-answer vectors in test_nvfp4.cpp.
 //
-// nvfp4 stochastic rounding uses it as (DESIGN.md section 7):
+// nvfp4 stochastic rounding uses it as (docs/numerics.md, "nvfp4"):
 //   key     = (seed low 32 bits, seed high 32 bits)
 //   counter = (element index low, element index high, call offset low, call offset high)
 //   word    = output word 0

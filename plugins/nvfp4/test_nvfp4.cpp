@@ -1,4 +1,4 @@
-// Tests of the nvfp4 plugin (DESIGN.md section 7, "nvfp4"; rules in nvfp4_ref.hpp).
+// Tests of the nvfp4 plugin (docs/numerics.md, "nvfp4"; rules in nvfp4_ref.hpp).
 //
 // Everything that quantizes goes through the registry and the engine, exactly like a user:
 //   auto reg = std::make_shared<Registry>();

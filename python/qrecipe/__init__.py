@@ -57,7 +57,7 @@ from . import distributed
 from .scaling_state import drop_scaling_states
 from .quantized_param import QuantizedWeight, quantized_model_init
 
-QuantizedParameter = QuantizedWeight  # the name DESIGN.md section 8 also uses
+QuantizedParameter = QuantizedWeight  # an alias (docs/adapter.md, "Quantized parameters")
 
 __version__ = "0.1.0"
 

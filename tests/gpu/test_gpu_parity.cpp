@@ -1,7 +1,8 @@
-// GPU == CPU, bit for bit (DESIGN.md section 9): for every format whose plugin supports CUDA
-// and every option set listed below, quantize the same inputs with the CPU reference and with
-// the CUDA kernels, copy every GPU buffer back and require byte equality; the same for
-// dequantize (f32 and bf16 outputs) and for the delayed-scaling state after each update.
+// GPU == CPU, bit for bit (docs/architecture.md, "How CUDA and the CPU agree"): for every format
+// whose plugin supports CUDA and every option set listed below, quantize the same inputs with the
+// CPU reference and with the CUDA kernels, copy every GPU buffer back and require byte equality;
+// the same for dequantize (f32 and bf16 outputs) and for the delayed-scaling state after each
+// update.
 //
 // Map
 //   1. what is covered: option sets per format, shapes, input kinds, usages
@@ -580,7 +581,7 @@ TEST_CASE("delayed-scaling state on a CUDA device: engine update == CPU update")
   REQUIRE(gpu.device.type == QR_DEVICE_CUDA);
   float scale = 0.0f;
   qrecipe::copy_to_host(&scale, gpu.scale, 4);
-  CHECK(scale == 1.0f);  // DESIGN: a new state has scale 1
+  CHECK(scale == 1.0f);  // docs/numerics.md: a new state has scale 1
   for (const float amax : {2.0f, 0.5f, 7.0f, 0.0f, 3.0f}) {
     // The step's amax goes into history row 0 of both states.
     cpu.amax_history[0] = amax;

@@ -1,7 +1,7 @@
 // Exact scalar conversions between FP32 and the narrow formats, written once for the host
 // (every CPU reference) and the device (every kernel), so both produce the same bytes.
 //
-// Rules (DESIGN.md section 7):
+// Rules (docs/numerics.md, "General rules"):
 //   - round to nearest even; the sign of zero is kept
 //   - FP8 (E4M3, E5M2) and FP4 (E2M1) saturate: |x| beyond the largest finite value, and
 //     +-inf, become +-max (E4M3 448, E5M2 57344, E2M1 6), like PTX `cvt.rn.satfinite`

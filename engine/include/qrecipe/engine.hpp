@@ -1,5 +1,6 @@
 // Engine: a validated recipe plus the loaded plugins; resolves roles to quantizers (cached
-// per role) and owns the shared delayed-scaling state (DESIGN.md sections 2 and 3).
+// per role) and owns the shared delayed-scaling state (docs/architecture.md, "Data flow", "Where
+// the scaling state lives").
 //
 // Lifetime: quantizers returned by resolve() reference the engine's scaling state; keep the
 // Engine alive while they are used. Thread safety: resolve() and make_quantizer() lock;
@@ -131,7 +132,8 @@ class Engine {
 
   // Delayed scaling: the step's amax of every state (history row 0), in creation order, for the
   // caller to max-reduce across ranks; then update_scaling(reduced) applies the update of
-  // DESIGN.md section 7 to every state. update_scaling() with no argument uses row 0 as is.
+  // docs/numerics.md ("float8") to every state. update_scaling() with no argument uses row 0
+  // as is.
   // CUDA states are updated on their device, one kernel launch per device, asynchronously on
   // the stream `stream_for(device)` returns (cudaStream_t; an empty function or nullptr: the
   // legacy default stream): without reduced amaxes the step's amax is read on the device, so

@@ -7,7 +7,7 @@
  *      sub-quantizers for the hybrid format, scratch memory)
  *   4. the plugin descriptor (what a plugin gives the engine) and the two exported symbols
  *
- * Rules (DESIGN.md section 4):
+ * Rules (docs/architecture.md, "The C plugin boundary"; docs/plugins.md):
  *   - C only. No C++ type, exception or allocation crosses this boundary.
  *   - Every struct starts with `uint32_t struct_size`; readers check it before touching a
  *     field, so newer code can read older structs.

@@ -1,4 +1,4 @@
-// QuantizedTensor: the owning C++ face of qr_quantized_tensor (DESIGN.md section 3).
+// QuantizedTensor: the owning C++ face of qr_quantized_tensor (docs/architecture.md, "Core types").
 //
 // It owns the buffers of each direction it holds (allocated from an Allocator according to
 // the quantizer's layout) and keeps the C struct's views pointing into them. Move-only; moving

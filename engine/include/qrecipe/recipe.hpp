@@ -1,5 +1,5 @@
-// Recipe: an ordered list of rules mapping quantizer roles to quantizer specs (DESIGN.md
-// section 5), parsed from YAML.
+// Recipe: an ordered list of rules mapping quantizer roles to quantizer specs
+// (docs/recipes.md), parsed from YAML.
 //
 //   version: 1
 //   name: my-recipe

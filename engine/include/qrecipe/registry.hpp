@@ -1,4 +1,4 @@
-// Registry: finds, loads and keeps the format plugins (DESIGN.md section 4).
+// Registry: finds, loads and keeps the format plugins (docs/plugins.md, "How plugins are found").
 //
 // Search order (printed by `qrecipe plugins -v`):
 //   1. paths given through the API (RegistryOptions::paths: directories or .so files)

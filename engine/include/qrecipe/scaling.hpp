@@ -1,4 +1,4 @@
-// Delayed scaling (DESIGN.md section 7, float8): the per-tensor scale follows the amax
+// Delayed scaling (docs/numerics.md, "float8"): the per-tensor scale follows the amax
 // history of previous steps. The update is one pure function shared by the CPU path and the
 // CUDA kernel that updates all states in one launch.
 #pragma once
@@ -11,7 +11,7 @@
 
 namespace qrecipe {
 
-// scale_from_amax of DESIGN.md section 7 (current scaling and blockwise):
+// scale_from_amax of docs/numerics.md, "float8" (current scaling and blockwise):
 // amax < eps -> eps; amax 0 or inf (or NaN) -> 1; scale = fmax / amax; inf -> value_for_inf;
 // pow2 -> clear the mantissa (round down to 2^k).
 QR_HD float scale_from_amax(float amax, float fmax, bool pow2, float eps,

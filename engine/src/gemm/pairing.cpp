@@ -1,4 +1,4 @@
-// The pairing table of DESIGN.md section 6: which (operand, operand, device) GEMMs run natively.
+// The pairing table (docs/gemm.md, "Paths"): which (operand, operand, device) GEMMs run natively.
 //
 // Keyed by what the operands are (data dtype, scale mode and dtype, block shape along the output
 // and the contraction, K-major or not), never by format names, so a new plugin whose layout

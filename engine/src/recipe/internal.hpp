@@ -1,5 +1,5 @@
 // Internal to the recipe implementation (engine/src/recipe/*.cpp), never installed: what the
-// parser, the validator and the Recipe members share. DESIGN.md section 5.
+// parser, the validator and the Recipe members share. docs/recipes.md.
 //
 //   glob.cpp             glob_match, RuleMatch, and the pattern check the parser uses
 //   parse.cpp            YAML text -> ParsedRecipe (structure only, option values as text)

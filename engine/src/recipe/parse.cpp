@@ -1,4 +1,4 @@
-// The recipe parser (DESIGN.md section 5): YAML text -> rules and untyped quantizer specs,
+// The recipe parser (docs/recipes.md): YAML text -> rules and untyped quantizer specs,
 // every structural problem collected with its file:line:column and key path. Option values
 // stay scalar text here; validate.cpp types them against the plugins' schemas.
 //

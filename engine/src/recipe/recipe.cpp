@@ -1,4 +1,4 @@
-// Recipe (recipe.hpp, DESIGN.md section 5): loading, parsing and validating a recipe and
+// Recipe (recipe.hpp, docs/recipes.md): loading, parsing and validating a recipe and
 // resolving roles against its rules. The work is in parse.cpp, validate.cpp and glob.cpp
 // (internal.hpp says what they share).
 #include "qrecipe/recipe.hpp"

@@ -1,4 +1,4 @@
-// The recipe validator (DESIGN.md section 5): each quantizer spec checked against the option
+// The recipe validator (docs/recipes.md): each quantizer spec checked against the option
 // schema of its format's plugin (keys, types, enum choices, bounds, nested specs), every
 // problem collected with its location, and a typed copy of each valid spec.
 #include <cctype>

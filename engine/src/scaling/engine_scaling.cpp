@@ -105,7 +105,7 @@ qr_scaling_state Engine::acquire_scaling_state(const qr_scaling_request& request
   s->history = Buffer(allocator, n * sizeof(float), device);  // zero-filled
   s->scale = Buffer(allocator, sizeof(float), device);
   s->scale_inv = Buffer(allocator, sizeof(float), device);
-  const float one = 1.0f;  // DESIGN: history zeros, scale 1.0
+  const float one = 1.0f;  // a new state: history zeros, scale 1.0 (docs/numerics.md)
   if (device.is_cpu()) {
     *static_cast<float*>(s->scale.data()) = one;
     *static_cast<float*>(s->scale_inv.data()) = one;

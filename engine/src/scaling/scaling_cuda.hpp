@@ -1,6 +1,6 @@
 // The delayed-scaling update of every CUDA-resident scaling state of one device in a single
-// kernel launch (DESIGN.md section 7; the arithmetic is delayed_scaling_update of scaling.hpp,
-// the same function the CPU path runs). Built only with CUDA.
+// kernel launch (docs/numerics.md, "float8"; the arithmetic is delayed_scaling_update of
+// scaling.hpp, the same function the CPU path runs). Built only with CUDA.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-"""The three GEMMs of a quantized linear layer ``y = x W^T + b`` (DESIGN.md section 6): the
+"""The three GEMMs of a quantized linear layer ``y = x W^T + b`` (docs/gemm.md): the
 operands, one engine GEMM into a torch tensor, and a layer's forward and backward GEMMs.
 
     fprop  y  = x  rowwise    . W  rowwise

@@ -1,5 +1,5 @@
 // The CUDA GEMM path: native cuBLASLt FP8 GEMMs, emulation on the GPU, dense GEMMs
-// (DESIGN.md section 6; gemm.hpp is the contract).
+// (docs/gemm.md; gemm.hpp is the contract).
 //
 // Map of this file
 //   1. the transposition convention (below), device guard, scratch buffers per stream

@@ -1,10 +1,10 @@
 // CUDA kernels around the engine's cuBLASLt GEMMs (see gemm_cuda_kernels.hpp).
 //
-// Map (STYLE.md rule 11): launch checking; the epilogue kernels (elementwise, grid-stride;
-// they run only off the fast path: bias with FP8 or BF16 output, BF16 output of an FP32 GEMM,
-// a mixed-dtype dense GEMM, K = 0); the operand decoders of the emulated GEMMs, which also
-// check exactness; the exact GEMM that replaces a BF16 GEMM whose operands missed; then the
-// launchers and the entries that size the grids.
+// Map (docs/architecture.md, "Conventions", rule 11): launch checking; the epilogue kernels
+// (elementwise, grid-stride; they run only off the fast path: bias with FP8 or BF16 output, BF16
+// output of an FP32 GEMM, a mixed-dtype dense GEMM, K = 0); the operand decoders of the emulated
+// GEMMs, which also check exactness; the exact GEMM that replaces a BF16 GEMM whose operands
+// missed; then the launchers and the entries that size the grids.
 //
 // The decoders are memory-bound one-pass kernels built like a copy: 8-byte (FP8) or 4-byte
 // (E2M1) loads and 16-byte stores, each warp instruction over contiguous memory, 8 units of 8

@@ -29,7 +29,7 @@ void finish(void* out, bool out_bf16, const float* product, float alpha, bool ac
 
 // ---------------------------------------------------------------- emulated GEMM operands
 //
-// The emulated GEMMs (DESIGN.md section 6) decode each quantized operand to BF16 in the order
+// The emulated GEMMs (docs/gemm.md) decode each quantized operand to BF16 in the order
 // its data is stored ([rows, cols] row-major as stored, transposed or not) and move what a BF16
 // value cannot carry exactly into the GEMM's alpha:
 //   per-tensor FP8:      the code's value (exact in BF16: E4M3 and E5M2 are subsets of it);
