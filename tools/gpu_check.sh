@@ -11,8 +11,9 @@
 #   bench      bench_quantize --out $OUT/bench.json, bench_gemm --out $OUT/bench_gemm.json,
 #              bench/bench_linear.py --out $OUT/bench_linear.json and
 #              bench/bench_grouped_linear.py --out $OUT/bench_grouped_linear.json and
-#              bench/bench_fsdp.py --out $OUT/bench_fsdp.json (world size 1) (when the
-#              adapter is built)
+#              bench/bench_fsdp.py --out $OUT/bench_fsdp.json (world size 1) and
+#              bench/bench_optimizer.py --out $OUT/bench_optimizer.json (when the adapter is
+#              built)
 #   demo       examples/char_lm_demo.py --device cuda (the demo of tools/demo.sh at its GPU size:
 #              1000 steps of a 4-block GPT) under recipes/default.yaml (native FP8 on Hopper),
 #              mxfp8.yaml and nvfp4.yaml (emulated there) next to a BF16 baseline; its table,
@@ -60,6 +61,7 @@
 #   FSDP_ARGS            extra arguments for bench_fsdp.py in the fsdp stage
 #   DEMO_ARGS            arguments for char_lm_demo.py instead of the three recipes (e.g.
 #                        "--recipe recipes/default.yaml --steps 300")
+#   BENCH_OPTIMIZER_ARGS extra arguments for bench_optimizer.py (e.g. "--recipes default,mxfp8")
 #   QRECIPE_GPU_PYTHON   0: do not build the PyTorch adapter (default: built when python3 has
 #                        a CUDA torch; then the test stage also runs pytest tests/python)
 #   CMAKE_ARGS           extra arguments for the configure step
@@ -356,6 +358,11 @@ do_bench() {
       # shellcheck disable=SC2086  # BENCH_FSDP_ARGS is a list of words on purpose
       PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_fsdp.py" \
         --out "$OUT/bench_fsdp.json" ${BENCH_FSDP_ARGS:-} || rc=1
+      # qrecipe.optim.FusedAdam on ~1B quantized parameters per weight format, against its
+      # byte floor, TE's order and torch AdamW + quantize (bench/bench_optimizer.py).
+      # shellcheck disable=SC2086  # BENCH_OPTIMIZER_ARGS is a list of words on purpose
+      PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_optimizer.py" \
+        --out "$OUT/bench_optimizer.json" ${BENCH_OPTIMIZER_ARGS:-} || rc=1
     fi
   fi
   merge_results || rc=1
@@ -367,7 +374,8 @@ do_bench() {
 merge_results() {
   local parts=()
   for f in bench.json bench_gemm.json bench_linear.json bench_grouped_linear.json \
-           bench_hf_llama.json bench_tp.json bench_fsdp.json "bench_fsdp_ws${FSDP_WORLD:-2}.json"; do
+           bench_optimizer.json bench_hf_llama.json bench_tp.json bench_fsdp.json \
+           "bench_fsdp_ws${FSDP_WORLD:-2}.json"; do
     [[ -f $OUT/$f ]] && parts+=("$OUT/$f")
   done
   [[ ${#parts[@]} -eq 0 ]] && return 0
