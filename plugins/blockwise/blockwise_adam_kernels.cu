@@ -156,16 +156,11 @@ Entry make_entry(const qr_adam_tensor& t, const AdamPlan& plan) {
   Entry e{};
   e.ops = acuda::operands(t);
   e.hyper = acuda::device_hyper(*t.hyper);
-  if (t.dst->usage & QR_USAGE_ROWWISE) {
-    e.rowwise_data = static_cast<std::uint8_t*>(t.dst->rowwise.data.data);
-    e.rowwise_scale_inv = static_cast<float*>(t.dst->rowwise.scale_inv.data);
-    e.rowwise_scale_ld = plan.rowwise_scale_ld;
-  }
-  if (t.dst->usage & QR_USAGE_COLUMNWISE) {
-    e.columnwise_data = static_cast<std::uint8_t*>(t.dst->columnwise.data.data);
-    e.columnwise_scale_inv = static_cast<float*>(t.dst->columnwise.scale_inv.data);
-    e.columnwise_scale_ld = plan.columnwise_scale_ld;
-  }
+  acuda::direction_buffers(*t.dst, QR_DIRECTION_ROWWISE, e.rowwise_data, e.rowwise_scale_inv);
+  acuda::direction_buffers(*t.dst, QR_DIRECTION_COLUMNWISE, e.columnwise_data,
+                           e.columnwise_scale_inv);
+  e.rowwise_scale_ld = plan.rowwise_scale_ld;
+  e.columnwise_scale_ld = plan.columnwise_scale_ld;
   e.amax_epsilon = plan.amax_epsilon;
   e.pow2_scales = plan.pow2_scales ? 1 : 0;
   e.tile_128x128 = plan.tile_128x128 ? 1 : 0;
@@ -174,10 +169,12 @@ Entry make_entry(const qr_adam_tensor& t, const AdamPlan& plan) {
 }
 
 // The kernel's dynamic shared memory exceeds the default 48 KiB: raise its limit once per
-// device (the first call is an eager one, before any CUDA-graph capture).
-void allow_tile_smem(int device) {
+// device, the current one (the first call is an eager one, before any CUDA-graph capture).
+void allow_tile_smem() {
   constexpr int kMaxDevices = 128;
   static std::atomic<bool> done[kMaxDevices];
+  int device = 0;
+  QR_CUDA_CHECK(cudaGetDevice(&device));
   QR_CHECK(device >= 0 && device < kMaxDevices, "blockwise adam_requantize: device index ",
            device, " is out of range");
   if (done[device].load(std::memory_order_acquire)) return;
@@ -191,27 +188,17 @@ void allow_tile_smem(int device) {
 
 void adam_requantize(std::span<const qr_adam_tensor> tensors, std::span<const AdamPlan> plans,
                      void* stream) {
-  QR_CHECK(tensors.size() == plans.size(), "blockwise adam_requantize: ", plans.size(),
-           " plans for ", tensors.size(), " tensors");
-  if (tensors.empty()) return;
-  const qr_device device = tensors[0].master.device;
-  QR_CHECK(device.type == QR_DEVICE_CUDA, "blockwise adam_requantize: the CUDA path got tensors "
-           "on another device");
-  sdk::cuda::DeviceGuard guard(device.index, kFormat);
-  allow_tile_smem(device.index);
-  const cudaStream_t s = sdk::cuda::as_stream(stream);
-  acuda::for_each_table<Table>(
-      tensors.size(), [&](std::size_t i) { return make_entry(tensors[i], plans[i]); },
-      [&](Table& table) {
-        // An empty tensor has nothing to write (blockwise stores no tensor-level scalar).
-        const std::int64_t blocks = acuda::assign_blocks(table, [](const Entry& e) {
-          return ((e.ops.rows + kTile - 1) / kTile) * e.tiles_per_row;
-        }, kFormat);
-        if (blocks == 0) return;
-        update_quantize_kernel<<<static_cast<unsigned>(blocks), kThreads, kTileBytes, s>>>(
-            table);
-        QR_CUDA_CHECK_LAUNCH("update_quantize_kernel");
-      });
+  acuda::run_tables<Table>(tensors, plans, stream, kFormat, make_entry,
+                           [](Table& table, cudaStream_t s) {
+    allow_tile_smem();  // on the tensors' device, made current by run_tables
+    // An empty tensor has nothing to write (blockwise stores no tensor-level scalar).
+    const std::int64_t blocks = acuda::assign_blocks(table, [](const Entry& e) {
+      return ((e.ops.rows + kTile - 1) / kTile) * e.tiles_per_row;
+    }, kFormat);
+    if (blocks == 0) return;
+    update_quantize_kernel<<<static_cast<unsigned>(blocks), kThreads, kTileBytes, s>>>(table);
+    QR_CUDA_CHECK_LAUNCH("update_quantize_kernel");
+  });
 }
 
 }  // namespace qrecipe::blockwise::cuda

@@ -178,16 +178,9 @@ Entry make_entry(const qr_adam_tensor& t, const AdamPlan& plan) {
   Entry e{};
   e.ops = acuda::operands(t);
   e.hyper = acuda::device_hyper(*t.hyper);
-  const bool rowwise = (t.dst->usage & QR_USAGE_ROWWISE) != 0;
-  const bool columnwise = (t.dst->usage & QR_USAGE_COLUMNWISE) != 0;
-  if (rowwise) {
-    e.rowwise = static_cast<std::uint8_t*>(t.dst->rowwise.data.data);
-    e.rowwise_scale_inv = static_cast<float*>(t.dst->rowwise.scale_inv.data);
-  }
-  if (columnwise) {
-    e.columnwise = static_cast<std::uint8_t*>(t.dst->columnwise.data.data);
-    e.columnwise_scale_inv = static_cast<float*>(t.dst->columnwise.scale_inv.data);
-  }
+  acuda::direction_buffers(*t.dst, QR_DIRECTION_ROWWISE, e.rowwise, e.rowwise_scale_inv);
+  acuda::direction_buffers(*t.dst, QR_DIRECTION_COLUMNWISE, e.columnwise,
+                           e.columnwise_scale_inv);
   acuda::amax_targets(*t.dst, e.amax_main, e.amax_other);
   e.delayed_scale = plan.delayed_scale;
   e.history_row0 = plan.history_row0;

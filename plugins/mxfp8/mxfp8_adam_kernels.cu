@@ -138,16 +138,11 @@ Entry make_entry(const qr_adam_tensor& t, const AdamPlan& plan) {
   Entry e{};
   e.ops = acuda::operands(t);
   e.hyper = acuda::device_hyper(*t.hyper);
-  if (t.dst->usage & QR_USAGE_ROWWISE) {
-    e.rowwise_data = static_cast<std::uint8_t*>(t.dst->rowwise.data.data);
-    e.rowwise_scale = static_cast<std::uint8_t*>(t.dst->rowwise.scale_inv.data);
-    e.rowwise_scale_ld = plan.rowwise_scale_ld;
-  }
-  if (t.dst->usage & QR_USAGE_COLUMNWISE) {
-    e.columnwise_data = static_cast<std::uint8_t*>(t.dst->columnwise.data.data);
-    e.columnwise_scale = static_cast<std::uint8_t*>(t.dst->columnwise.scale_inv.data);
-    e.columnwise_scale_ld = plan.columnwise_scale_ld;
-  }
+  acuda::direction_buffers(*t.dst, QR_DIRECTION_ROWWISE, e.rowwise_data, e.rowwise_scale);
+  acuda::direction_buffers(*t.dst, QR_DIRECTION_COLUMNWISE, e.columnwise_data,
+                           e.columnwise_scale);
+  e.rowwise_scale_ld = plan.rowwise_scale_ld;
+  e.columnwise_scale_ld = plan.columnwise_scale_ld;
   e.rcp_max = ref::reciprocal_max(plan.data_dtype);  // throws unless e4m3 or e5m2
   e.e4m3 = plan.data_dtype == QR_DTYPE_E4M3 ? 1 : 0;
   e.tiles_per_row = (e.ops.cols + kTileCols - 1) / kTileCols;
@@ -158,25 +153,16 @@ Entry make_entry(const qr_adam_tensor& t, const AdamPlan& plan) {
 
 void adam_requantize(std::span<const qr_adam_tensor> tensors, std::span<const AdamPlan> plans,
                      void* stream) {
-  QR_CHECK(tensors.size() == plans.size(), "mxfp8 adam_requantize: ", plans.size(),
-           " plans for ", tensors.size(), " tensors");
-  if (tensors.empty()) return;
-  const qr_device device = tensors[0].master.device;
-  QR_CHECK(device.type == QR_DEVICE_CUDA, "mxfp8 adam_requantize: the CUDA path got tensors on "
-           "another device");
-  sdk::cuda::DeviceGuard guard(device.index, kFormat);
-  const cudaStream_t s = sdk::cuda::as_stream(stream);
-  acuda::for_each_table<Table>(
-      tensors.size(), [&](std::size_t i) { return make_entry(tensors[i], plans[i]); },
-      [&](Table& table) {
-        // An empty tensor has no block to write (mxfp8 stores no tensor-level scalar).
-        const std::int64_t blocks = acuda::assign_blocks(table, [](const Entry& e) {
-          return ((e.ops.rows + kTileRows - 1) / kTileRows) * e.tiles_per_row;
-        }, kFormat);
-        if (blocks == 0) return;
-        update_quantize_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(table);
-        QR_CUDA_CHECK_LAUNCH("update_quantize_kernel");
-      });
+  acuda::run_tables<Table>(tensors, plans, stream, kFormat, make_entry,
+                           [](Table& table, cudaStream_t s) {
+    // An empty tensor has no block to write (mxfp8 stores no tensor-level scalar).
+    const std::int64_t blocks = acuda::assign_blocks(table, [](const Entry& e) {
+      return ((e.ops.rows + kTileRows - 1) / kTileRows) * e.tiles_per_row;
+    }, kFormat);
+    if (blocks == 0) return;
+    update_quantize_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(table);
+    QR_CUDA_CHECK_LAUNCH("update_quantize_kernel");
+  });
 }
 
 }  // namespace qrecipe::mxfp8::cuda

@@ -201,18 +201,11 @@ Entry make_entry(const qr_adam_tensor& t, const AdamPlan& plan) {
   Entry e{};
   e.ops = acuda::operands(t);
   e.hyper = acuda::device_hyper(*t.hyper);
-  const bool rowwise = (t.dst->usage & QR_USAGE_ROWWISE) != 0;
-  const bool columnwise = (t.dst->usage & QR_USAGE_COLUMNWISE) != 0;
-  if (rowwise) {
-    e.rowwise_data = static_cast<std::uint8_t*>(t.dst->rowwise.data.data);
-    e.rowwise_scales = static_cast<std::uint8_t*>(t.dst->rowwise.scale_inv.data);
-    e.rowwise_scale_ld = plan.rowwise_scale_ld;
-  }
-  if (columnwise) {
-    e.columnwise_data = static_cast<std::uint8_t*>(t.dst->columnwise.data.data);
-    e.columnwise_scales = static_cast<std::uint8_t*>(t.dst->columnwise.scale_inv.data);
-    e.columnwise_scale_ld = plan.columnwise_scale_ld;
-  }
+  acuda::direction_buffers(*t.dst, QR_DIRECTION_ROWWISE, e.rowwise_data, e.rowwise_scales);
+  acuda::direction_buffers(*t.dst, QR_DIRECTION_COLUMNWISE, e.columnwise_data,
+                           e.columnwise_scales);
+  e.rowwise_scale_ld = plan.rowwise_scale_ld;
+  e.columnwise_scale_ld = plan.columnwise_scale_ld;
   acuda::amax_targets(*t.dst, e.amax_main, e.amax_other);
   e.two_d = plan.two_d ? 1 : 0;
   e.tiles_per_row = e.ops.cols == 0 ? 1 : (e.ops.cols + kTile - 1) / kTile;
@@ -223,25 +216,16 @@ Entry make_entry(const qr_adam_tensor& t, const AdamPlan& plan) {
 
 void adam_requantize(std::span<const qr_adam_tensor> tensors, std::span<const AdamPlan> plans,
                      void* stream) {
-  QR_CHECK(tensors.size() == plans.size(), "nvfp4 adam_requantize: ", plans.size(),
-           " plans for ", tensors.size(), " tensors");
-  if (tensors.empty()) return;
-  const qr_device device = tensors[0].master.device;
-  QR_CHECK(device.type == QR_DEVICE_CUDA, "nvfp4 adam_requantize: the CUDA path got tensors on "
-           "another device");
-  sdk::cuda::DeviceGuard guard(device.index, kFormat);
-  const cudaStream_t s = sdk::cuda::as_stream(stream);
-  acuda::for_each_table<Table>(
-      tensors.size(), [&](std::size_t i) { return make_entry(tensors[i], plans[i]); },
-      [&](Table& table) {
-        acuda::launch_update_amax(table, s, kFormat);  // zero, then update + amax
-        // At least one block per tensor, even an empty one: it writes the other amax.
-        const std::int64_t blocks = acuda::assign_blocks(table, [](const Entry& e) {
-          return acuda::tiles_of(e.ops.rows, e.ops.cols, kTile, kTile);
-        }, kFormat);
-        quantize_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(table);
-        QR_CUDA_CHECK_LAUNCH("quantize_kernel");
-      });
+  acuda::run_tables<Table>(tensors, plans, stream, kFormat, make_entry,
+                           [](Table& table, cudaStream_t s) {
+    acuda::launch_update_amax(table, s, kFormat);  // zero, then update + amax
+    // At least one block per tensor, even an empty one: it writes the other amax.
+    const std::int64_t blocks = acuda::assign_blocks(table, [](const Entry& e) {
+      return acuda::tiles_of(e.ops.rows, e.ops.cols, kTile, kTile);
+    }, kFormat);
+    quantize_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(table);
+    QR_CUDA_CHECK_LAUNCH("quantize_kernel");
+  });
 }
 
 }  // namespace qrecipe::nvfp4::cuda

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "qrecipe/adam.hpp"
 #include "qrecipe/conversions.hpp"
@@ -124,11 +125,7 @@ __device__ __forceinline__ bool device_aligned(const void* p, std::size_t bytes)
 // Four one-byte codes (little-endian in `word`) at out[0 .. valid): one 4-byte store when all
 // four exist and out is aligned, else byte by byte.
 __device__ __forceinline__ void store_word4(std::uint8_t* out, int valid, std::uint32_t word) {
-  if (valid == 4 && device_aligned(out, 4)) {
-    *reinterpret_cast<std::uint32_t*>(out) = word;
-    return;
-  }
-  for (int k = 0; k < valid; ++k) out[k] = static_cast<std::uint8_t>(word >> (8 * k));
+  sdk::cuda::store_bytes4(out, 0, valid, valid == 4 && device_aligned(out, 4), word);
 }
 
 // x[k] = element offset + k of a F32/BF16/F16 buffer widened to FP32, for k < valid (the rest
@@ -288,6 +285,36 @@ std::int64_t assign_blocks(Table& table, BlocksOf&& blocks_of, const char* forma
   QR_CHECK(blocks <= 0x7FFFFFFF, format, " adam_requantize: ", blocks, " blocks; at most "
            "2^31 - 1 fit in one grid");
   return blocks;
+}
+
+// The data and scale_inv pointers of direction d of a destination, both nullptr when it does
+// not hold d.
+template <class Scale>
+inline void direction_buffers(const qr_quantized_tensor& dst, qr_direction d,
+                              std::uint8_t*& data, Scale*& scale_inv) {
+  const bool held = (dst.usage & (d == QR_DIRECTION_ROWWISE ? QR_USAGE_ROWWISE
+                                                            : QR_USAGE_COLUMNWISE)) != 0;
+  const qr_direction_data& dd = d == QR_DIRECTION_ROWWISE ? dst.rowwise : dst.columnwise;
+  data = held ? static_cast<std::uint8_t*>(dd.data.data) : nullptr;
+  scale_inv = held ? static_cast<Scale*>(dd.scale_inv.data) : nullptr;
+}
+
+// The common entry of a plugin's device pass (plugin_sdk_adam.hpp): the argument checks, the
+// tensors' device made current, then launch(table, stream) for each table of entries
+// make(tensors[i], plans[i]). `format` names the plugin in errors.
+template <class Table, class Plan, class Make, class Launch>
+void run_tables(std::span<const qr_adam_tensor> tensors, std::span<const Plan> plans,
+                void* stream, const char* format, Make&& make, Launch&& launch) {
+  QR_CHECK(tensors.size() == plans.size(), format, " adam_requantize: ", plans.size(),
+           " plans for ", tensors.size(), " tensors");
+  if (tensors.empty()) return;
+  const qr_device device = tensors[0].master.device;
+  QR_CHECK(device.type == QR_DEVICE_CUDA, format, " adam_requantize: the CUDA path got "
+           "tensors on ", device.type == QR_DEVICE_CPU ? "the CPU" : "another device");
+  sdk::cuda::DeviceGuard guard(device.index, format);
+  const cudaStream_t s = sdk::cuda::as_stream(stream);
+  for_each_table<Table>(tensors.size(), [&](std::size_t i) { return make(tensors[i], plans[i]); },
+                        [&](Table& table) { launch(table, s); });
 }
 
 // The amax buffers of a destination: `main` is rowwise's when it is held (a pass reduces
