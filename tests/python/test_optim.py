@@ -3,8 +3,9 @@ documented op order bit for bit (a transcription in torch ops), close to torch.o
 FP32 master within the documented tolerance, and every quantized weight holds exactly the bytes
 of quantizing its new master, under every shipped recipe's weight formats (hybrid and
 GroupedLinear's grouped parameter included); initial masters (keep_init_values), main_grad,
-parameter groups, frozen parameters, BF16 parameters and moments, state_dict round trips,
-torch AdamW state dicts, capturable state, convergence, and every error's message."""
+parameter groups, frozen parameters, BF16 parameters and moments, DTensor parameters,
+state_dict round trips, torch AdamW state dicts, capturable state, convergence, and every
+error's message."""
 import copy
 
 import numpy as np
@@ -299,6 +300,44 @@ def test_grouped_weight_main_grad():
     want = reference_step(master0, torch.zeros_like(g), torch.zeros_like(g), g, 1, **HYPER)[0]
     assert torch.equal(opt.state[w]["master"], want)
     assert_same_bytes(quantized_bytes(w), master_bytes(w, want), "grouped")
+
+
+@pytest.fixture
+def one_rank_mesh():
+    """A CPU device mesh of one rank (gloo, in-process store), torn down after the test."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip("torch built without torch.distributed")
+    from torch.distributed.device_mesh import init_device_mesh
+    assert not dist.is_initialized(), "a process group is already initialized"
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dtensor_parameters_step_their_local_shard(one_rank_mesh, dtype):
+    """A DTensor parameter (FSDP2, tensor parallelism) is stepped through its local shard:
+    the same bytes as the plain parameter, written into the DTensor's own memory, with a
+    DTensor gradient. (QuantizedWeight shards come with FSDP2 support, issue 15.)"""
+    from torch.distributed.tensor import Shard, distribute_tensor
+    torch.manual_seed(0)
+    value = torch.randn(6, 10).to(dtype)
+    plain = torch.nn.Parameter(value.clone())
+    sharded = torch.nn.Parameter(distribute_tensor(value.clone(), one_rank_mesh, [Shard(0)]))
+    opt_plain = FusedAdam([plain], **HYPER)
+    opt_sharded = FusedAdam([sharded], **HYPER)
+    for step in range(3):
+        g = torch.randn(6, 10).to(dtype)
+        plain.grad = g.clone()
+        sharded.grad = distribute_tensor(g.clone(), one_rank_mesh, [Shard(0)])
+        opt_plain.step()
+        opt_sharded.step()
+        assert torch.equal(sharded.detach().full_tensor(), plain.detach()), f"step {step}"
+    for key in ("exp_avg", "exp_avg_sq") + (("master",) if dtype != torch.float32 else ()):
+        assert torch.equal(opt_sharded.state[sharded][key], opt_plain.state[plain][key]), key
 
 
 # ---------------------------------------------------------------- initial masters
