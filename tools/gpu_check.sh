@@ -2,7 +2,7 @@
 # The one script for a GPU machine: build with CUDA, run every C++ suite (test_gpu_parity
 # included: CUDA == CPU bit for bit), the benchmarks and the training demo on the GPU.
 #
-#   tools/gpu_check.sh [configure|build|test|bench|demo|llama|tp|fsdp|all]...
+#   tools/gpu_check.sh [configure|build|test|bench|demo|llama|tp|fsdp|optim|all]...
 #                                         (default: all = build test bench demo llama tp fsdp)
 #
 #   configure  unpack .deps and configure only (build does this too when needed)
@@ -36,6 +36,15 @@
 #              per recipe against BF16 FSDP2 + AdamW(fused), bytes all-gathered and
 #              reduce-scattered, peak memory, and the world-size-N vs one-GPU equality check
 #              (about 2 minutes on 2 H100s); skipped when fewer than 2 GPUs are visible
+#   optim      the optimizer's GPU checks alone, after the build stage (about a minute on an
+#              H100): ctest test_gpu_optim (qrecipe::adam_step on CUDA == on the CPU, bit for
+#              bit: every format's fused kernels, the two-pass path, plain tensors, capturable),
+#              pytest tests/python/test_optim_cuda.py (qrecipe.optim.FusedAdam on CUDA == on the
+#              CPU under every shipped recipe, CUDA-graph replay) and bench/bench_optimizer.py
+#              --out $OUT/bench_optimizer.json (fused step vs its byte floor, vs
+#              torch.optim.AdamW(fused=True) + quantize per parameter, vs TE's order), its
+#              table in $OUT/optim.md. The test and bench stages run the same suites among
+#              the others.
 #
 # It needs nvcc, cmake (>= 3.24), ninja (or make) and python3 on the machine, and the Debian
 # packages of the other dependencies in .deps/ (libyaml-cpp-dev, libyaml-cpp0.7,
@@ -91,8 +100,8 @@ stages=("$@")
 [[ ${#stages[@]} -eq 0 ]] && stages=(all)
 if [[ " ${stages[*]} " == *" all "* ]]; then stages=(build test bench demo llama tp fsdp); fi
 for s in "${stages[@]}"; do
-  case $s in configure|build|test|bench|demo|llama|tp|fsdp) ;;
-    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, demo, llama, tp, fsdp, all)" >&2
+  case $s in configure|build|test|bench|demo|llama|tp|fsdp|optim) ;;
+    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, demo, llama, tp, fsdp, optim, all)" >&2
        exit 2 ;;
   esac
 done
@@ -477,6 +486,39 @@ do_fsdp() {
   return $rc
 }
 
+# ---------------------------------------------------------------- optim
+
+# The optimizer alone: its CUDA == CPU suites, then its benchmark (targets are reported by
+# bench_optimizer.py, not asserted: a missed target does not fail the stage).
+do_optim() {
+  runtime_env
+  if [[ ! -f $BUILD_DIR/CTestTestfile.cmake ]]; then echo "no build in $BUILD_DIR: run the build stage first"; return 1; fi
+  if ! has_adapter; then
+    echo "the PyTorch adapter was not built in $BUILD_DIR (no CUDA torch, or QRECIPE_GPU_PYTHON=0):" \
+         "the optim stage needs it for pytest and bench_optimizer.py"
+    return 1
+  fi
+  local rc=0 t0=$SECONDS
+  echo "--- ctest test_gpu_optim"
+  (cd "$BUILD_DIR" && ctest -R '^test_gpu_optim$' --output-on-failure --timeout 600 -V) || rc=1
+  echo "--- ctest took $((SECONDS - t0)) s"; t0=$SECONDS
+  echo "--- pytest tests/python/test_optim_cuda.py"
+  PYTHONPATH="$BUILD_DIR/python" python3 -m pytest -q -p no:cacheprovider -rs \
+    "$root/tests/python/test_optim_cuda.py" || rc=1
+  echo "--- pytest took $((SECONDS - t0)) s"; t0=$SECONDS
+  [[ -n ${QRECIPE_COMMIT:-} ]] || QRECIPE_COMMIT=$(git -C "$root" rev-parse --verify -q HEAD 2>/dev/null || echo unknown)
+  export QRECIPE_COMMIT
+  echo "--- bench/bench_optimizer.py"
+  # shellcheck disable=SC2086  # BENCH_OPTIMIZER_ARGS is a list of words on purpose
+  PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_optimizer.py" \
+    --out "$OUT/bench_optimizer.json" ${BENCH_OPTIMIZER_ARGS:-} || rc=1
+  echo "--- bench took $((SECONDS - t0)) s"
+  if [[ -f $OUT/bench_optimizer.json ]]; then
+    python3 "$root/tools/bench_table.py" "$OUT/bench_optimizer.json" >"$OUT/optim.md" || rc=1
+  fi
+  return $rc
+}
+
 # ---------------------------------------------------------------- summary
 
 print_summary() {
@@ -505,6 +547,14 @@ print_summary() {
     awk '/^final loss/{on=1} /^sample from/{on=0} on' "$OUT/demo.log"
     grep -E '^total training time|^FAILED' "$OUT/demo.log" || true
   fi
+  if [[ -f $OUT/optim.log && " ${summary_order[*]} " == *" optim "* ]]; then
+    # The optimizer stage: the CUDA == CPU suites' totals, the per-format benchmark lines and
+    # their targets.
+    echo
+    echo "optim:"
+    grep -E 'MESSAGE: |ERROR: |\[doctest\] (test cases|assertions)|[0-9]+ (passed|failed|skipped|errors?).* in [0-9.]+s|took [0-9]+ s|grads: |^targets|^ +(meets|BELOW)|copy bandwidth' \
+      "$OUT/optim.log" | sed -E 's/^.*(MESSAGE|ERROR): /  \1: /' | head -n 80
+  fi
   if [[ -f $OUT/results.md && " ${summary_order[*]} " =~ \ (bench|llama|tp)\  ]]; then
     # Every benchmark record of this run (quantize, GEMM, Linear step), last.
     echo
@@ -523,6 +573,7 @@ for s in "${stages[@]}"; do
     llama) stage llama do_llama || failed=1 ;;
     tp) stage tp do_tp || failed=1 ;;
     fsdp) stage fsdp do_fsdp || failed=1 ;;
+    optim) stage optim do_optim || failed=1 ;;
   esac
 done
 print_summary
