@@ -142,6 +142,12 @@ class FusedAdam(torch.optim.Optimizer):
                     f"FusedAdam(master_weights=False) cannot train {name}: a QuantizedWeight "
                     "is stored quantized, so its updates accumulate in an FP32 master weight. "
                     "Use master_weights=True (the default)")
+            if _local(p) is not p or _local(p)._qstorage.is_shard:
+                raise NotImplementedError(
+                    f"FusedAdam cannot train {name} yet: it is a shard (FSDP2 / DTensor) of a "
+                    "QuantizedWeight, whose requantization may need the amax of rows other "
+                    "ranks hold. Keep FP32 masters of the shards and write them with "
+                    "qrecipe.quantized_param.requantize_ (docs/adapter.md, \"FSDP2\")")
             return
         if p.dtype not in _VALUE_DTYPES:
             raise TypeError(f"FusedAdam: {name} has dtype {p.dtype}; FusedAdam updates "
