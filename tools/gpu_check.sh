@@ -2,7 +2,7 @@
 # The one script for a GPU machine: build with CUDA, run every C++ suite (test_gpu_parity
 # included: CUDA == CPU bit for bit), the benchmarks and the training demo on the GPU.
 #
-#   tools/gpu_check.sh [configure|build|test|bench|demo|llama|tp|fsdp|all]...
+#   tools/gpu_check.sh [configure|build|test|bench|demo|llama|tp|fsdp|optim|all]...
 #                                         (default: all = build test bench demo llama tp fsdp)
 #
 #   configure  unpack .deps and configure only (build does this too when needed)
@@ -11,8 +11,9 @@
 #   bench      bench_quantize --out $OUT/bench.json, bench_gemm --out $OUT/bench_gemm.json,
 #              bench/bench_linear.py --out $OUT/bench_linear.json and
 #              bench/bench_grouped_linear.py --out $OUT/bench_grouped_linear.json and
-#              bench/bench_fsdp.py --out $OUT/bench_fsdp.json (world size 1) (when the
-#              adapter is built)
+#              bench/bench_fsdp.py --out $OUT/bench_fsdp.json (world size 1) and
+#              bench/bench_optimizer.py --out $OUT/bench_optimizer.json (when the adapter is
+#              built)
 #   demo       examples/char_lm_demo.py --device cuda (the demo of tools/demo.sh at its GPU size:
 #              1000 steps of a 4-block GPT) under recipes/default.yaml (native FP8 on Hopper),
 #              mxfp8.yaml and nvfp4.yaml (emulated there) next to a BF16 baseline; its table,
@@ -35,6 +36,15 @@
 #              per recipe against BF16 FSDP2 + AdamW(fused), bytes all-gathered and
 #              reduce-scattered, peak memory, and the world-size-N vs one-GPU equality check
 #              (about 2 minutes on 2 H100s); skipped when fewer than 2 GPUs are visible
+#   optim      the optimizer's GPU checks alone, after the build stage (about a minute on an
+#              H100): ctest test_gpu_optim (qrecipe::adam_step on CUDA == on the CPU, bit for
+#              bit: every format's fused kernels, the two-pass path, plain tensors, capturable),
+#              pytest tests/python/test_optim_cuda.py (qrecipe.optim.FusedAdam on CUDA == on the
+#              CPU under every shipped recipe, CUDA-graph replay) and bench/bench_optimizer.py
+#              --out $OUT/bench_optimizer.json (fused step vs its byte floor, vs
+#              torch.optim.AdamW(fused=True) + quantize per parameter, vs TE's order), its
+#              table in $OUT/optim.md. The test and bench stages run the same suites among
+#              the others.
 #
 # It needs nvcc, cmake (>= 3.24), ninja (or make) and python3 on the machine, and the Debian
 # packages of the other dependencies in .deps/ (libyaml-cpp-dev, libyaml-cpp0.7,
@@ -60,6 +70,7 @@
 #   FSDP_ARGS            extra arguments for bench_fsdp.py in the fsdp stage
 #   DEMO_ARGS            arguments for char_lm_demo.py instead of the three recipes (e.g.
 #                        "--recipe recipes/default.yaml --steps 300")
+#   BENCH_OPTIMIZER_ARGS extra arguments for bench_optimizer.py (e.g. "--recipes default,mxfp8")
 #   QRECIPE_GPU_PYTHON   0: do not build the PyTorch adapter (default: built when python3 has
 #                        a CUDA torch; then the test stage also runs pytest tests/python)
 #   CMAKE_ARGS           extra arguments for the configure step
@@ -89,8 +100,8 @@ stages=("$@")
 [[ ${#stages[@]} -eq 0 ]] && stages=(all)
 if [[ " ${stages[*]} " == *" all "* ]]; then stages=(build test bench demo llama tp fsdp); fi
 for s in "${stages[@]}"; do
-  case $s in configure|build|test|bench|demo|llama|tp|fsdp) ;;
-    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, demo, llama, tp, fsdp, all)" >&2
+  case $s in configure|build|test|bench|demo|llama|tp|fsdp|optim) ;;
+    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, demo, llama, tp, fsdp, optim, all)" >&2
        exit 2 ;;
   esac
 done
@@ -356,6 +367,11 @@ do_bench() {
       # shellcheck disable=SC2086  # BENCH_FSDP_ARGS is a list of words on purpose
       PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_fsdp.py" \
         --out "$OUT/bench_fsdp.json" ${BENCH_FSDP_ARGS:-} || rc=1
+      # qrecipe.optim.FusedAdam on ~1B quantized parameters per weight format, against its
+      # byte floor, TE's order and torch AdamW + quantize (bench/bench_optimizer.py).
+      # shellcheck disable=SC2086  # BENCH_OPTIMIZER_ARGS is a list of words on purpose
+      PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_optimizer.py" \
+        --out "$OUT/bench_optimizer.json" ${BENCH_OPTIMIZER_ARGS:-} || rc=1
     fi
   fi
   merge_results || rc=1
@@ -367,7 +383,8 @@ do_bench() {
 merge_results() {
   local parts=()
   for f in bench.json bench_gemm.json bench_linear.json bench_grouped_linear.json \
-           bench_hf_llama.json bench_tp.json bench_fsdp.json "bench_fsdp_ws${FSDP_WORLD:-2}.json"; do
+           bench_optimizer.json bench_hf_llama.json bench_tp.json bench_fsdp.json \
+           "bench_fsdp_ws${FSDP_WORLD:-2}.json"; do
     [[ -f $OUT/$f ]] && parts+=("$OUT/$f")
   done
   [[ ${#parts[@]} -eq 0 ]] && return 0
@@ -469,6 +486,39 @@ do_fsdp() {
   return $rc
 }
 
+# ---------------------------------------------------------------- optim
+
+# The optimizer alone: its CUDA == CPU suites, then its benchmark (targets are reported by
+# bench_optimizer.py, not asserted: a missed target does not fail the stage).
+do_optim() {
+  runtime_env
+  if [[ ! -f $BUILD_DIR/CTestTestfile.cmake ]]; then echo "no build in $BUILD_DIR: run the build stage first"; return 1; fi
+  if ! has_adapter; then
+    echo "the PyTorch adapter was not built in $BUILD_DIR (no CUDA torch, or QRECIPE_GPU_PYTHON=0):" \
+         "the optim stage needs it for pytest and bench_optimizer.py"
+    return 1
+  fi
+  local rc=0 t0=$SECONDS
+  echo "--- ctest test_gpu_optim"
+  (cd "$BUILD_DIR" && ctest -R '^test_gpu_optim$' --output-on-failure --timeout 600 -V) || rc=1
+  echo "--- ctest took $((SECONDS - t0)) s"; t0=$SECONDS
+  echo "--- pytest tests/python/test_optim_cuda.py"
+  PYTHONPATH="$BUILD_DIR/python" python3 -m pytest -q -p no:cacheprovider -rs \
+    "$root/tests/python/test_optim_cuda.py" || rc=1
+  echo "--- pytest took $((SECONDS - t0)) s"; t0=$SECONDS
+  [[ -n ${QRECIPE_COMMIT:-} ]] || QRECIPE_COMMIT=$(git -C "$root" rev-parse --verify -q HEAD 2>/dev/null || echo unknown)
+  export QRECIPE_COMMIT
+  echo "--- bench/bench_optimizer.py"
+  # shellcheck disable=SC2086  # BENCH_OPTIMIZER_ARGS is a list of words on purpose
+  PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_optimizer.py" \
+    --out "$OUT/bench_optimizer.json" ${BENCH_OPTIMIZER_ARGS:-} || rc=1
+  echo "--- bench took $((SECONDS - t0)) s"
+  if [[ -f $OUT/bench_optimizer.json ]]; then
+    python3 "$root/tools/bench_table.py" "$OUT/bench_optimizer.json" >"$OUT/optim.md" || rc=1
+  fi
+  return $rc
+}
+
 # ---------------------------------------------------------------- summary
 
 print_summary() {
@@ -497,6 +547,14 @@ print_summary() {
     awk '/^final loss/{on=1} /^sample from/{on=0} on' "$OUT/demo.log"
     grep -E '^total training time|^FAILED' "$OUT/demo.log" || true
   fi
+  if [[ -f $OUT/optim.log && " ${summary_order[*]} " == *" optim "* ]]; then
+    # The optimizer stage: the CUDA == CPU suites' totals, the per-format benchmark lines and
+    # their targets.
+    echo
+    echo "optim:"
+    grep -E 'MESSAGE: |ERROR: |\[doctest\] (test cases|assertions)|[0-9]+ (passed|failed|skipped|errors?).* in [0-9.]+s|took [0-9]+ s|grads: |^targets|^ +(meets|BELOW)|copy bandwidth' \
+      "$OUT/optim.log" | sed -E 's/^.*(MESSAGE|ERROR): /  \1: /' | head -n 80
+  fi
   if [[ -f $OUT/results.md && " ${summary_order[*]} " =~ \ (bench|llama|tp)\  ]]; then
     # Every benchmark record of this run (quantize, GEMM, Linear step), last.
     echo
@@ -515,6 +573,7 @@ for s in "${stages[@]}"; do
     llama) stage llama do_llama || failed=1 ;;
     tp) stage tp do_tp || failed=1 ;;
     fsdp) stage fsdp do_fsdp || failed=1 ;;
+    optim) stage optim do_optim || failed=1 ;;
   esac
 done
 print_summary

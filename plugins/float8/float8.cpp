@@ -43,10 +43,12 @@
 #include <string>
 #include <vector>
 
+#include "float8_adam_kernels.hpp"
 #include "float8_ref.hpp"
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 #include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/plugin_sdk_adam.hpp"
 #include "qrecipe/plugin_sdk_checks.hpp"
 #include "qrecipe/plugin_sdk_tensor.hpp"
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
@@ -187,6 +189,24 @@ class Float8Quantizer final : public sdk::QuantizerBase {
       return;
     }
     quantize_grouped_cuda(src, group_rows, args, dst);
+  }
+
+  // The fused Adam + requantize extra (plugin_sdk_adam.hpp, float8_adam_kernels.cu): this
+  // quantizer's scaling as the fused kernels read it; a delayed-scaling state first moves to
+  // the tensors' device, as a quantize there would move it (so capture a capturable step after
+  // an eager warm-up step).
+  cuda::AdamPlan adam_plan(const qr_adam_tensor& t) {
+    cuda::AdamPlan p;
+    p.data_dtype = o_.dtype;
+    p.fmax = ref::fp8_max(o_.dtype);
+    p.pow2_scales = o_.pow2_scales;
+    p.amax_epsilon = o_.amax_epsilon;
+    if (o_.scaling == Scaling::delayed) {
+      ensure_state_on(t.master.device);
+      p.delayed_scale = state_.scale;
+      p.history_row0 = state_.amax_history;
+    }
+    return p;
   }
 
   void dequantize(const qr_quantized_tensor& src, qr_direction direction,
@@ -502,6 +522,7 @@ constexpr qr_option_schema kSchema[] = {
 
 // ---------------------------------------------------------------- 3. exported symbols
 
-QR_DEFINE_PLUGIN(qrecipe::float8::Float8Quantizer, "float8", "1.0.0",
-                 "per-tensor FP8 (E4M3/E5M2), current or delayed scaling",
-                 qrecipe::float8::kSchema, ::qrecipe::sdk::kBuiltDevices)
+QR_DEFINE_PLUGIN_EX(qrecipe::float8::Float8Quantizer, "float8", "1.0.0",
+                    "per-tensor FP8 (E4M3/E5M2), current or delayed scaling",
+                    qrecipe::float8::kSchema, ::qrecipe::sdk::kBuiltDevices,
+                    &qrecipe::sdk::adam_extras<qrecipe::float8::Float8Quantizer>)

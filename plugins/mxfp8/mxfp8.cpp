@@ -30,10 +30,12 @@
 #include <string>
 #include <vector>
 
+#include "mxfp8_adam_kernels.hpp"
 #include "mxfp8_ref.hpp"
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 #include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/plugin_sdk_adam.hpp"
 #include "qrecipe/plugin_sdk_checks.hpp"
 #include "qrecipe/plugin_sdk_tensor.hpp"
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
@@ -152,6 +154,16 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
 #endif
   }
 
+  // The fused Adam + requantize extra (plugin_sdk_adam.hpp, mxfp8_adam_kernels.cu): what the
+  // fused kernel needs (t's destination is checked against layout() already).
+  cuda::AdamPlan adam_plan(const qr_adam_tensor& t) const {
+    cuda::AdamPlan p;
+    p.data_dtype = data_dtype_;
+    p.rowwise_scale_ld = t.dst->rowwise.layout.scale_shape[1];
+    p.columnwise_scale_ld = t.dst->columnwise.layout.scale_shape[1];
+    return p;
+  }
+
   void dequantize(const qr_quantized_tensor& src, qr_direction direction,
                   const qr_tensor_view& dst, void* stream) override {
     const qr_direction_data& dd = sdk::check_dequantize_call(src, direction, dst, kFormat);
@@ -265,6 +277,7 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
 
 // ---------------------------------------------------------------- 3. exported symbols
 
-QR_DEFINE_PLUGIN(qrecipe::mxfp8::Mxfp8Quantizer, "mxfp8", "1.0.0",
-                 "MXFP8: E4M3/E5M2 elements in blocks of 32 sharing an E8M0 scale",
-                 qrecipe::mxfp8::kSchema, ::qrecipe::sdk::kBuiltDevices)
+QR_DEFINE_PLUGIN_EX(qrecipe::mxfp8::Mxfp8Quantizer, "mxfp8", "1.0.0",
+                    "MXFP8: E4M3/E5M2 elements in blocks of 32 sharing an E8M0 scale",
+                    qrecipe::mxfp8::kSchema, ::qrecipe::sdk::kBuiltDevices,
+                    &qrecipe::sdk::adam_extras<qrecipe::mxfp8::Mxfp8Quantizer>)

@@ -41,10 +41,12 @@
 #include <string>
 #include <vector>
 
+#include "nvfp4_adam_kernels.hpp"
 #include "nvfp4_ref.hpp"
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 #include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/plugin_sdk_adam.hpp"
 #include "qrecipe/plugin_sdk_checks.hpp"
 #include "qrecipe/plugin_sdk_tensor.hpp"
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
@@ -218,6 +220,25 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
     return os.str();
   }
 
+  // The fused Adam + requantize extra (plugin_sdk_adam.hpp, nvfp4_adam_kernels.cu). The kernels
+  // round to nearest and quantize the master as it is: a Hadamard transform or stochastic
+  // rounding (whose call offsets come from this quantizer's counter) takes the host's
+  // two-pass path, which quantizes through quantize.
+  bool adam_fusable(const qr_device&, bool, std::string& why) const {
+    if (config_.hadamard) why = "the Hadamard transform of the columnwise operand is not fused";
+    else if (config_.stochastic_rounding) why = "stochastic rounding is not fused";
+    return why.empty();
+  }
+
+  // What the fused kernels need (t's destination is checked against layout() already).
+  cuda::AdamPlan adam_plan(const qr_adam_tensor& t) const {
+    cuda::AdamPlan p;
+    p.two_d = config_.two_d;
+    p.rowwise_scale_ld = t.dst->rowwise.layout.scale_shape[1];
+    p.columnwise_scale_ld = t.dst->columnwise.layout.scale_shape[1];
+    return p;
+  }
+
  private:
   // The checks of a quantize call (usage, shape, destinations against this quantizer's layout)
   // and its request: the destinations in `out`, the call offset (taken from the counter
@@ -323,7 +344,8 @@ constexpr qr_option_schema kSchema[] = {
 
 // ---------------------------------------------------------------- 3. exported symbols
 
-QR_DEFINE_PLUGIN(qrecipe::nvfp4::Nvfp4Quantizer, "nvfp4", "1.0.0",
-                 "NVFP4: E2M1 data, E4M3 scales per 16 elements, FP32 tensor amax; optional "
-                 "16x16 tiles, Hadamard (wgrad) and stochastic rounding",
-                 qrecipe::nvfp4::kSchema, ::qrecipe::sdk::kBuiltDevices)
+QR_DEFINE_PLUGIN_EX(qrecipe::nvfp4::Nvfp4Quantizer, "nvfp4", "1.0.0",
+                    "NVFP4: E2M1 data, E4M3 scales per 16 elements, FP32 tensor amax; optional "
+                    "16x16 tiles, Hadamard (wgrad) and stochastic rounding",
+                    qrecipe::nvfp4::kSchema, ::qrecipe::sdk::kBuiltDevices,
+                    &qrecipe::sdk::adam_extras<qrecipe::nvfp4::Nvfp4Quantizer>)

@@ -14,6 +14,7 @@
 //                      raw cuBLASLt GEMM (raw_gemm.cpp)
 //   bind_factories.cpp recipes in Python: the engine's factory resolver, recipes made from a
 //                      factory, module-type families, role origins, coverage warnings
+//   bind_optim.cpp     adam_step / adam_path: the step of qrecipe.optim.FusedAdam
 //
 // The Python package adds the torch-facing behaviour (autograd, modules, autocast); the
 // bindings only translate types, so every numeric decision stays in the engine and the plugins.
@@ -51,4 +52,5 @@ PYBIND11_MODULE(_C, m) {
   qp::bind_quantize(m);
   qp::bind_gemm(m);
   qp::bind_factories(m);
+  qp::bind_optim(m);
 }

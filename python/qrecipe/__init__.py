@@ -34,7 +34,8 @@ and the layers below it, never upwards, and there are no import cycles
                    (norm -> fc1 -> GELU / SwiGLU / ... -> fc2), GroupedLinear (MoE experts in
                    one grouped parameter), their base QuantizedModule, the GEMM operations
                    (linear_gemms) and their eager / compiled dispatch; imports the ground floor
-  optim/           (to come) optimizers over quantized and master weights
+  optim/           FusedAdam: Adam / AdamW with FP32 master weights; quantized parameters are
+                   requantized from their masters by their format's plugin
   distributed/     FSDP2: fully_shard with checks and amax groups (fsdp); tensor parallelism
                    to come
                    optim/ and distributed/ may import nn/ and the ground floor, never the
@@ -54,6 +55,7 @@ from .roles import QuantizerRole
 from . import formats
 from . import nn
 from . import distributed
+from . import optim
 from .scaling_state import drop_scaling_states
 from .quantized_param import QuantizedWeight, quantized_model_init
 
@@ -73,5 +75,5 @@ __all__ = [
     "autocast", "current_recipe", "is_enabled",
     "convert", "quantize", "QuantizedTensor", "Quantizer", "nn", "plugins", "__version__",
     "drop_scaling_states", "QuantizedWeight", "QuantizedParameter", "quantized_model_init",
-    "distributed",
+    "distributed", "optim",
 ]

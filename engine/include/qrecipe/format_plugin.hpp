@@ -51,6 +51,13 @@ class FormatPlugin {
   // The grouped-quantization extra (plugin_abi.h, QR_EXTRA_QUANTIZE_GROUPED), looked up once at
   // load; nullptr when the plugin does not provide it (Engine::quantize_grouped then loops).
   qr_quantize_grouped_fn quantize_grouped_extra() const { return quantize_grouped_; }
+  // The fused Adam + requantize extras (plugin_abi.h, QR_EXTRA_ADAM_REQUANTIZE and its
+  // _SUPPORTS query), looked up once at load; both nullptr unless the plugin has both (the
+  // optimizer step then updates and quantizes in two passes: qrecipe/optim.hpp).
+  qr_adam_requantize_fn adam_requantize_extra() const { return adam_requantize_; }
+  qr_adam_requantize_supports_fn adam_requantize_supports_extra() const {
+    return adam_requantize_supports_;
+  }
 
  private:
   std::string path_, name_, version_, description_, cuda_archs_;
@@ -59,6 +66,8 @@ class FormatPlugin {
   std::vector<OptionSchema> options_;
   const qr_plugin_descriptor* descriptor_;
   qr_quantize_grouped_fn quantize_grouped_ = nullptr;
+  qr_adam_requantize_fn adam_requantize_ = nullptr;
+  qr_adam_requantize_supports_fn adam_requantize_supports_ = nullptr;
 };
 
 }  // namespace qrecipe

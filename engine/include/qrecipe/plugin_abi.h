@@ -378,6 +378,66 @@ typedef qr_status (*qr_quantize_grouped_fn)(qr_quantizer* q, const qr_tensor_vie
                                             const qr_quantize_args* args,
                                             qr_quantized_tensor* const* dst);
 
+/* Fused Adam step + requantization (qrecipe.optim.FusedAdam: FP32 master weights for quantized
+ * parameters): an optional extra, two names.
+ *
+ * QR_EXTRA_ADAM_REQUANTIZE takes `count` (>= 1) tensors, all on one device, each made by a
+ * quantizer of this plugin (tensors[i].quantizer, which made tensors[i].dst). The contract: the
+ * result is byte-identical (master, moments, and every buffer of dst: data, scale_inv, amax)
+ * to doing, for i = 0, 1, ... in order:
+ *   1. for every element, qrecipe::adam::update (qrecipe/adam.hpp) of master, exp_avg and
+ *      exp_avg_sq from grad, with qrecipe::adam::scalars of tensors[i].hyper (a moment stored
+ *      in BF16 is widened before and rounded to nearest even after the update);
+ *   2. `quantize` of the new master (an F32 [rows, cols] source) into dst with usage =
+ *      dst->usage, no caller-reduced amax and no rng offset.
+ * So stateful scaling behaves as those quantize calls do (delayed: every tensor reads the
+ * state's scale and max-accumulates its amax into history row 0). What it buys is passes and
+ * launches: a CUDA implementation updates and requantizes in one pass over the tensors (two
+ * when the format needs a tensor-wide amax first), every tensor of the call in one launch per
+ * pass. Asynchronous on `stream` (CUDA) with no host synchronization; a capturable hyper
+ * (lr_device / step_device) is read on the device. On error the contents of every master,
+ * moment and dst are unspecified.
+ *
+ * QR_EXTRA_ADAM_REQUANTIZE_SUPPORTS says whether the first serves quantizer `q` for tensors on
+ * `device`, and with `capturable` (1) whether it then runs without host synchronization,
+ * allocation or host-side state changes (CUDA-graph capture and replay give the eager result).
+ * Returns 1, or 0 with the reason in `reason` (NUL-terminated, at most `capacity` bytes). The
+ * host calls the extra only with quantizers it supports, and serves the others itself: the
+ * update (the same arithmetic), then `quantize` into dst -- the same bytes in more passes. */
+typedef struct qr_adam_hyper {
+  uint32_t struct_size;
+  int32_t adam_w_mode;      /* 1: decoupled weight decay (AdamW); 0: L2, g += weight_decay * p */
+  double lr;                /* used when lr_device is NULL */
+  const float* lr_device;   /* or the FP32 learning rate on the tensors' device, read by the step */
+  double beta1;
+  double beta2;
+  double eps;
+  double weight_decay;
+  int64_t step;             /* step count after this step's increment (>= 1); used when
+                               step_device is NULL */
+  const float* step_device; /* or the FP32 step count on the tensors' device (torch's capturable
+                               step tensor), already incremented, read by the step */
+} qr_adam_hyper;
+
+typedef struct qr_adam_tensor {
+  uint32_t struct_size;
+  qr_quantizer* quantizer;   /* a quantizer of this plugin; the one that made dst */
+  const qr_adam_hyper* hyper;
+  qr_tensor_view master;     /* F32, contiguous, 2-D [rows, cols]; updated in place */
+  qr_tensor_view grad;       /* F32, BF16 or F16, contiguous, [rows, cols]; read only */
+  qr_tensor_view exp_avg;    /* F32 or BF16, contiguous, [rows, cols]; updated in place */
+  qr_tensor_view exp_avg_sq; /* F32 or BF16, contiguous, [rows, cols]; updated in place */
+  qr_quantized_tensor* dst;  /* rows x cols; every direction it holds is rewritten */
+} qr_adam_tensor;
+
+#define QR_EXTRA_ADAM_REQUANTIZE "qr_adam_requantize"
+typedef qr_status (*qr_adam_requantize_fn)(const qr_adam_tensor* tensors, uint32_t count,
+                                           void* stream);
+#define QR_EXTRA_ADAM_REQUANTIZE_SUPPORTS "qr_adam_requantize_supports"
+typedef int32_t (*qr_adam_requantize_supports_fn)(qr_quantizer* q, qr_device device,
+                                                  int32_t capturable, char* reason,
+                                                  size_t capacity);
+
 /* Exported symbols of every plugin:
  *   const uint32_t qrecipe_plugin_abi = QR_PLUGIN_ABI_VERSION;   (read without running code)
  *   const qr_plugin_descriptor* qrecipe_plugin_entry(const qr_host_api* host);

@@ -58,6 +58,15 @@ FormatPlugin::FormatPlugin(std::string path, const qr_plugin_descriptor* d)
   if (d->get_proc_address != nullptr) {
     quantize_grouped_ =
         reinterpret_cast<qr_quantize_grouped_fn>(d->get_proc_address(QR_EXTRA_QUANTIZE_GROUPED));
+    adam_requantize_ =
+        reinterpret_cast<qr_adam_requantize_fn>(d->get_proc_address(QR_EXTRA_ADAM_REQUANTIZE));
+    adam_requantize_supports_ = reinterpret_cast<qr_adam_requantize_supports_fn>(
+        d->get_proc_address(QR_EXTRA_ADAM_REQUANTIZE_SUPPORTS));
+    // The two come as a pair: a plugin with one of them only is served by the host path.
+    if (adam_requantize_ == nullptr || adam_requantize_supports_ == nullptr) {
+      adam_requantize_ = nullptr;
+      adam_requantize_supports_ = nullptr;
+    }
   }
   QR_CHECK(d->num_options == 0 || d->options != nullptr, "plugin ", path_, " declares ",
            d->num_options, " options but no option table");
