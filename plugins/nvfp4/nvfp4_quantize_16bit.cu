@@ -11,6 +11,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "nvfp4_device.cuh"
@@ -43,7 +45,8 @@ namespace {
 //     scale, num::fast::f32_to_e2m1, partial rows and columns).
 // Layout: a CTA of 4 warps loops over 64 x 128 tiles (a persistent grid of resident CTAs),
 // taking them from the END of the tensor (the amax pass reads it from the start, so the first
-// tiles are still in L2), and copies its next tile into shared memory (cp.async, double
+// tiles are still in L2) in row-major order, or, when it writes the columnwise direction, in
+// groups of 32 row tiles visited column by column (TileCursor::grouped), and copies its next tile into shared memory (cp.async, double
 // buffered) before it encodes the current one. Warp w holds tile rows 16w .. 16w + 15; lane
 // (cg = lane % 16, rh = lane / 16) holds rows 8 rh .. 8 rh + 7 of those and columns
 // 8 cg .. 8 cg + 7 (one 16-byte load a row):
@@ -120,6 +123,21 @@ struct TileCursor {
       col_tile += per_row;
       row_tile -= 1;
     }
+  }
+  // Tile t' (= tiles - 1 - t) in the grouped order of p.tile_group_rows > 0: groups of that
+  // many row tiles, each visited column by column (all its row tiles of column 0, then column
+  // 1, ...). Consecutive CTAs then hold vertically stacked tiles, so the lines of the
+  // transposed (columnwise) data and scales, which 4 and 32 stacked tiles complete, are
+  // finished while the lines are still in L2, and a row's scale line (16 tiles across) is
+  // 16 x group_rows tiles away, within one wave of the persistent grid.
+  __device__ static TileCursor grouped(std::int64_t t, const QuantizeParams& p) {
+    const std::int64_t row_tiles = p.tiles / p.tiles_per_row;
+    const std::int64_t per_group = p.tile_group_rows * p.tiles_per_row;
+    const std::int64_t group = t / per_group, inner = t % per_group;
+    const std::int64_t first = group * p.tile_group_rows;
+    const std::int64_t rows_here =
+        row_tiles - first < p.tile_group_rows ? row_tiles - first : p.tile_group_rows;
+    return TileCursor{first + inner % rows_here, inner / rows_here};
   }
 };
 
@@ -646,8 +664,12 @@ __global__ void __launch_bounds__(Tile16::kThreads, kSR ? (kRow && kCol ? 2 : 3)
   TileCursor t;
   {
     const std::int64_t first = p.tiles - 1 - static_cast<std::int64_t>(blockIdx.x);
-    t.row_tile = first / p.tiles_per_row;
-    t.col_tile = first % p.tiles_per_row;
+    if (p.tile_group_rows > 0) {
+      t = TileCursor::grouped(first, p);
+    } else {
+      t.row_tile = first / p.tiles_per_row;
+      t.col_tile = first % p.tiles_per_row;
+    }
   }
   constexpr int kInPitch = 2 * T::kCols;  // bytes of a tile row of a 16-bit source
   const std::uint32_t in_lane =
@@ -661,7 +683,10 @@ __global__ void __launch_bounds__(Tile16::kThreads, kSR ? (kRow && kCol ? 2 : 3)
   for (std::int64_t tile = blockIdx.x;; tile += grid) {
     const bool has_next = tile + grid < p.tiles;
     TileCursor next = t;
-    if (has_next) next.step(step_rows, step_cols, p.tiles_per_row);
+    if (has_next) {
+      if (p.tile_group_rows > 0) next = TileCursor::grouped(p.tiles - 1 - (tile + grid), p);
+      else next.step(step_rows, step_cols, p.tiles_per_row);
+    }
     L.row = t.row0() + lane_row;
     L.col = t.col0() + lane_col;
     L.valid_cols = valid_in_run(L.col, p.cols, 8);
@@ -726,11 +751,30 @@ __global__ void __launch_bounds__(Tile16::kThreads, kSR ? (kRow && kCol ? 2 : 3)
 
 // ---------------------------------------------------------------- launcher
 
+// The persistent grid's tile order: row-major, or grouped by 32 row tiles (TileCursor::grouped)
+// for kernels that write the columnwise direction. QRECIPE_NVFP4_TILE_ORDER=rows|grouped
+// forces one order for every kernel, so one GPU run can time both (the bytes are the same).
+constexpr std::int64_t kTileGroupRows = 32;
+
+std::int64_t tile_group_rows(bool writes_columnwise) {
+  static const int forced = [] {  // -1: the default, 0: rows, 1: grouped
+    const char* v = std::getenv("QRECIPE_NVFP4_TILE_ORDER");
+    const std::string s = v ? v : "";
+    QR_CHECK(s.empty() || s == "rows" || s == "grouped", "QRECIPE_NVFP4_TILE_ORDER='", s,
+             "' is not rows or grouped (unset it for the default: grouped when the columnwise "
+             "direction is written)");
+    return s.empty() ? -1 : (s == "grouped" ? 1 : 0);
+  }();
+  const bool grouped = forced < 0 ? writes_columnwise : forced == 1;
+  return grouped ? kTileGroupRows : 0;
+}
+
 template <class In, bool kRow, bool kCol, bool kSR>
 void launch_quantize_16bit_dirs(QuantizeParams p, cudaStream_t stream) {
   using T = Tile16;
   p.tiles_per_row = ceil_div(p.cols, T::kCols);
   p.tiles = ceil_div(p.rows, T::kRows) * p.tiles_per_row;
+  p.tile_group_rows = tile_group_rows(kCol);
   p.two_pow_10 = 1u << 10;
   // A persistent grid: the CTAs resident at once (each loops over tiles).
   static const int blocks_per_sm = [] {
