@@ -189,6 +189,70 @@ class Float8Quantizer final : public sdk::QuantizerBase {
     quantize_grouped_cuda(src, group_rows, args, dst);
   }
 
+  // The hybrid fusion extra QR_EXTRA_PREPARE_TENSOR_CAST (plugin_abi.h): everything quantize
+  // does for one direction except the cast, which another plugin's kernel then writes from its
+  // own read of the source (the hybrid format's two directions in one read). Current scaling
+  // on CUDA only: the amax pass (or the caller's amax) into the direction's amax buffer, and
+  // scale_inv written from it on the device by the same scalar code the cast kernels run; the
+  // cast is q = sat_rne(x * scale_from_amax(amax, fmax, pow2_scales, amax_epsilon)), which is
+  // exactly what quantize_cuda's kernels compute. Delayed scaling (the cast would have to
+  // accumulate the amax into the history) and CPU tensors are UNSUPPORTED, before anything is
+  // written.
+  void prepare_tensor_cast(const qr_tensor_view& src, const qr_quantize_args& args,
+                           qr_quantized_tensor& dst, qr_tensor_cast& cast) {
+    QR_CHECK_CODE(o_.scaling == Scaling::current, QR_STATUS_UNSUPPORTED, "float8 "
+                  "prepare_tensor_cast: delayed scaling observes the amax while it casts; "
+                  "quantize the directions apart");
+    QR_CHECK_CODE(src.device.type == QR_DEVICE_CUDA && sdk::kHasCuda, QR_STATUS_UNSUPPORTED,
+                  "float8 prepare_tensor_cast: CUDA tensors only (the CPU reference quantizes "
+                  "the directions apart)");
+    QR_CHECK(args.usage == QR_USAGE_ROWWISE || args.usage == QR_USAGE_COLUMNWISE,
+             "float8 prepare_tensor_cast: usage ", args.usage, " must name exactly one direction");
+    const std::uint32_t usage =
+        sdk::check_quantize_call(src, args, dst, kFormat, "prepare_tensor_cast", *this);
+    sdk::require_contiguous_source(src, kFormat, "prepare_tensor_cast");
+    const qr_direction d =
+        usage == QR_USAGE_ROWWISE ? QR_DIRECTION_ROWWISE : QR_DIRECTION_COLUMNWISE;
+    qr_direction_data& dd = sdk::direction_data(dst, d);
+    auto* amax = static_cast<float*>(dd.amax.data);
+    cast = qr_tensor_cast{};
+    cast.struct_size = sizeof(qr_tensor_cast);
+    cast.dtype = o_.dtype;
+    cast.transposed = d == QR_DIRECTION_COLUMNWISE ? 1 : 0;
+    cast.data = static_cast<std::uint8_t*>(dd.data.data);
+    cast.scale = nullptr;
+    cast.amax = amax;
+    cast.fmax = ref::fp8_max(o_.dtype);
+    cast.pow2_scales = o_.pow2_scales ? 1 : 0;
+    cast.amax_epsilon = o_.amax_epsilon;
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    const int device = src.device.index;
+    const bool has_given = args.amax != nullptr;
+    if (has_given) {
+      const float given = d == QR_DIRECTION_ROWWISE ? args.amax[0] : args.amax[1];
+      cuda::write_scalars(amax, nullptr, given, nullptr, 0.0f, device, args.stream);
+    } else {
+      cuda::compute_amax(src.data, static_cast<qr_dtype>(src.dtype), sdk::numel(src), amax,
+                         device, args.stream);
+      cast.source_amax = amax;  // max |x| of this very source
+    }
+    // scale_inv from the device amax: a cast of an empty tensor writes only its scalars.
+    cuda::CastTransposeArgs a;
+    a.src_dtype = static_cast<qr_dtype>(src.dtype);
+    a.data_dtype = o_.dtype;
+    (d == QR_DIRECTION_ROWWISE ? a.rowwise : a.columnwise) = cast.data;
+    (d == QR_DIRECTION_ROWWISE ? a.rowwise_scale_inv : a.columnwise_scale_inv) =
+        static_cast<float*>(dd.scale_inv.data);
+    a.scale.device_amax = amax;
+    a.scale.fmax = cast.fmax;
+    a.scale.pow2_scales = o_.pow2_scales;
+    a.scale.amax_epsilon = o_.amax_epsilon;
+    a.device_index = device;
+    a.stream = args.stream;
+    cuda::cast_transpose(a);
+#endif
+  }
+
   void dequantize(const qr_quantized_tensor& src, qr_direction direction,
                   const qr_tensor_view& dst, void* stream) override {
     const qr_direction_data& dd = sdk::check_dequantize_call(src, direction, dst, kFormat);

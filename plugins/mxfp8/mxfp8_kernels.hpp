@@ -18,6 +18,20 @@
 
 namespace qrecipe::mxfp8::cuda {
 
+// A per-tensor cast written from the same read of the source (the hybrid fusion extra of
+// plugin_abi.h, qr_tensor_cast): data [rows, cols] (never transposed here),
+// q = sat_rne(x * s) in `dtype` with s = *scale, or scale_from_amax(*amax, fmax, pow2_scales,
+// amax_epsilon) when scale is null (qrecipe/scaling.hpp, on the device). Null data: none.
+struct TensorCast {
+  std::uint8_t* data = nullptr;
+  qr_dtype dtype = QR_DTYPE_E4M3;
+  const float* scale = nullptr;
+  const float* amax = nullptr;
+  float fmax = 448.0f;
+  bool pow2_scales = false;
+  float amax_epsilon = 0.0f;
+};
+
 struct QuantizeArgs {
   const void* src = nullptr;           // device, contiguous [rows, cols]
   qr_dtype src_dtype = QR_DTYPE_F32;   // f32, bf16 or f16
@@ -34,12 +48,19 @@ struct QuantizeArgs {
   std::uint8_t* columnwise_data = nullptr;
   std::uint8_t* columnwise_scale = nullptr;
   std::int64_t columnwise_scale_ld = 0;
+  // Columnwise only, bf16 / f16 sources (quantize_with_cast_supported): also this cast.
+  TensorCast cast;
   int device_index = 0;
   void* stream = nullptr;
 };
 
-// Quantizes the requested directions in ONE pass over the source (each element is read
-// once). Empty tensors launch nothing.
+// Whether quantize can write a TensorCast beside the requested directions: the columnwise
+// direction alone, from a bf16 or f16 source, into an e4m3 or e5m2 cast.
+bool quantize_with_cast_supported(qr_dtype src_dtype, bool rowwise, bool columnwise,
+                                  qr_dtype cast_dtype);
+
+// Quantizes the requested directions (and args.cast, when set) in ONE pass over the source
+// (each element is read once). Empty tensors launch nothing.
 void quantize(const QuantizeArgs& args);
 
 // dst[r][c] = decode(data[r][c], its block's exponent), rounded to dst_dtype (f32 or bf16).

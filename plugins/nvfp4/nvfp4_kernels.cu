@@ -80,6 +80,13 @@ bool sr_on_warp_tiles() {
 
 }  // namespace
 
+bool quantize_with_cast_supported(qr_dtype src_dtype, bool rowwise, bool columnwise, bool two_d,
+                                  bool hadamard, bool stochastic, qr_dtype cast_dtype) {
+  return (src_dtype == QR_DTYPE_BF16 || src_dtype == QR_DTYPE_F16) && !rowwise && columnwise &&
+         !two_d && !hadamard && !stochastic &&
+         (cast_dtype == QR_DTYPE_E4M3 || cast_dtype == QR_DTYPE_E5M2);
+}
+
 void quantize(const QuantizeArgs& a) {
   sdk::cuda::check_source_dtype(a.src_dtype, kFormat, "quantize");
   QR_CHECK(a.rows >= 0 && a.cols >= 0, "nvfp4 CUDA quantize: negative shape ", a.rows, " x ",
@@ -92,6 +99,17 @@ void quantize(const QuantizeArgs& a) {
     QR_CHECK(!d || (d->amax != nullptr && (numel == 0 || (d->data && d->scales))),
              "nvfp4 CUDA quantize: a requested direction lacks its data, scale or amax buffer");
   QR_CHECK(!(a.hadamard && a.two_d), "nvfp4 CUDA quantize: hadamard and 2d cannot be combined");
+  QR_CHECK(a.cast.data == nullptr ||
+               (quantize_with_cast_supported(a.src_dtype, a.rowwise != nullptr,
+                                             a.columnwise != nullptr, a.two_d, a.hadamard,
+                                             a.stochastic_rounding, a.cast.dtype) &&
+                (a.cast.scale != nullptr || a.cast.amax != nullptr)),
+           "nvfp4 CUDA quantize: a per-tensor cast needs the columnwise direction alone, 1-D "
+           "blocks, round to nearest, a bf16 / f16 source, an e4m3 / e5m2 cast and its scale or "
+           "amax");
+  QR_CHECK(a.device_amax == nullptr || (a.given_amax == nullptr && !a.hadamard),
+           "nvfp4 CUDA quantize: a device amax replaces the amax pass; it cannot come with a "
+           "caller's amax or with Hadamard (whose columnwise amax is another quantity)");
   QR_CHECK_CODE(!a.hadamard || !a.columnwise ||
                     (a.src_dtype == QR_DTYPE_BF16 && a.rows % kBlock == 0),
                 QR_STATUS_UNSUPPORTED, "nvfp4 CUDA quantize: hadamard needs a bf16 source with "
@@ -108,6 +126,13 @@ void quantize(const QuantizeArgs& a) {
     // copying it keeps -0 / +0 as the reference stores them).
     const float col_value = a.two_d ? a.given_amax[0] : a.given_amax[1];
     fill_amax(row_amax, a.given_amax[0], col_amax, col_value, s);
+  } else if (a.device_amax) {
+    // max |x| of this source, already on the device (the fused cast's prepare computed it):
+    // the amax pass's result without the pass. Both directions' amaxes are max |x| here.
+    for (float* dst : {row_amax, col_amax})
+      if (dst)
+        QR_CUDA_CHECK(cudaMemcpyAsync(dst, a.device_amax, sizeof(float),
+                                      cudaMemcpyDeviceToDevice, s));
   } else {
     // Both amax buffers zeroed by one launch (the atomic maxima start from +0).
     fill_amax(row_amax, 0.0f, col_amax, 0.0f, s);
@@ -127,7 +152,7 @@ void quantize(const QuantizeArgs& a) {
   else if (a.src_dtype == QR_DTYPE_F32 || (a.stochastic_rounding && sr_on_warp_tiles()))
     quantize_1d(p, a.src_dtype, a.stochastic_rounding, s);
   else
-    quantize_16bit(p, a.src_dtype, a.stochastic_rounding, s);
+    quantize_16bit(p, a.src_dtype, a.stochastic_rounding, a.cast, s);
 }
 
 }  // namespace qrecipe::nvfp4::cuda

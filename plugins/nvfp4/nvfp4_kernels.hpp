@@ -27,6 +27,26 @@ struct DirectionBuffers {
   float* amax = nullptr;           // [1]
 };
 
+// A per-tensor cast written from the same read of the source (the hybrid fusion extra of
+// plugin_abi.h, qr_tensor_cast): data [rows, cols] (never transposed here), q = sat_rne(x * s)
+// in `dtype` with s = *scale, or scale_from_amax(*amax, fmax, pow2_scales, amax_epsilon) when
+// scale is null (qrecipe/scaling.hpp, on the device). Null data: none.
+struct TensorCast {
+  std::uint8_t* data = nullptr;
+  qr_dtype dtype = QR_DTYPE_E4M3;
+  const float* scale = nullptr;
+  const float* amax = nullptr;
+  float fmax = 448.0f;
+  bool pow2_scales = false;
+  float amax_epsilon = 0.0f;
+};
+
+// Whether quantize can write a TensorCast beside the requested directions: the columnwise
+// direction alone, 1-D blocks (no 2d, no Hadamard), round to nearest, a bf16 / f16 source, an
+// e4m3 / e5m2 cast.
+bool quantize_with_cast_supported(qr_dtype src_dtype, bool rowwise, bool columnwise, bool two_d,
+                                  bool hadamard, bool stochastic, qr_dtype cast_dtype);
+
 struct QuantizeArgs {
   const void* src = nullptr;  // device, contiguous [rows, cols]
   qr_dtype src_dtype = QR_DTYPE_F32;
@@ -40,8 +60,13 @@ struct QuantizeArgs {
   // Host pointer to [rowwise, columnwise] reduced by the caller (already validated), or null:
   // the amax pass runs on the device.
   const float* given_amax = nullptr;
+  // Device pointer to max |x| of this very source (the cast's source_amax), or null: taken
+  // as the tensor amax of the requested direction instead of the amax pass (not with
+  // given_amax, not with Hadamard, whose columnwise amax is another quantity).
+  const float* device_amax = nullptr;
   const DirectionBuffers* rowwise = nullptr;     // null: not requested
   const DirectionBuffers* columnwise = nullptr;  // null: not requested
+  TensorCast cast;  // quantize_with_cast_supported requests only
   int device_index = 0;
   void* stream = nullptr;
 };

@@ -22,6 +22,7 @@
 #include "qrecipe/cuda_sdk.cuh"
 #include "qrecipe/error.hpp"
 #include "qrecipe/fast_conversions.cuh"
+#include "qrecipe/scaling.hpp"
 
 namespace qrecipe::nvfp4::cuda {
 namespace {
@@ -459,16 +460,68 @@ __device__ __forceinline__ void exact_words8(const QuantizeParams& p, std::int64
   else r[0] = r[1] = PhiloxWords{{0u, 0u, 0u, 0u}};
 }
 
+// The per-tensor cast a kernel writes beside the columnwise direction (the hybrid fusion
+// extra): no cast, or E4M3 / E5M2 codes of x * scale into data [rows, cols].
+struct NoCast {};
+struct CastE4M3 {};
+struct CastE5M2 {};
+struct Cast16 {
+  std::uint8_t* data;
+  float scale;      // the tensor scale, worked out once per CTA
+  bool vector_ok;   // cols % 8 == 0 and data 8-byte aligned
+};
+
+// The 8 cast codes of x[0..7] * scale, little-endian in (lo, hi): the hardware conversion
+// (== num::f32_to_e4m3 / f32_to_e5m2 off NaN, test_gpu_conversions) and, when `exact`, the
+// reference's canonical NaN 0x7F (the fast path holds no NaN).
+template <class Cast, bool kExact>
+__device__ __forceinline__ void cast_run8(const float (&x)[8], float scale, std::uint32_t& lo,
+                                          std::uint32_t& hi) {
+  std::uint32_t pair[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float a = x[2 * k] * scale, b = x[2 * k + 1] * scale;
+    pair[k] = std::is_same_v<Cast, CastE4M3> ? num::fast::hardware_e4m3x2(a, b)
+                                             : num::fast::hardware_e5m2x2(a, b);
+    if constexpr (kExact) pair[k] = num::fast::canonical_nan_pair(pair[k], a, b);
+  }
+  lo = pair[0] | (pair[1] << 16);
+  hi = pair[2] | (pair[3] << 16);
+}
+
+// The lane's 8 rows of the cast: rows L.row .., columns L.col .. of data [rows, cols].
+template <class In, class Cast, bool kExact>
+__device__ __forceinline__ void cast_lane(const QuantizeParams& p, const Lane16& L,
+                                          const Cast16& c,
+                                          const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows]) {
+  if constexpr (!std::is_same_v<Cast, NoCast>) {
+#pragma unroll
+    for (int i = 0; i < Tile16::kLaneRows; ++i) {
+      const std::int64_t r = L.row + i;
+      if (kExact && (r >= p.rows || L.valid_cols == 0)) continue;
+      float x[8];
+      sdk::cuda::decode_raw8<In>(raw[i], x);
+      std::uint32_t lo, hi;
+      cast_run8<Cast, kExact>(x, c.scale, lo, hi);
+      const int valid = kExact ? L.valid_cols : 8;
+      sdk::cuda::store_bytes8(c.data, r * p.cols + L.col, valid, c.vector_ok && valid == 8, lo,
+                              hi);
+    }
+  }
+}
+
 // The per-element path of a warp with a NaN among its elements or a lane past the tensor's edge:
 // the reference's rules one element at a time (rules::block_scale_code through the hardware
 // E4M3, the NaN mark, enc from the table, num::fast::f32_to_e2m1 == rules::round_nearest).
 // Not inlined (it is rare, and its registers would count for the whole kernel): it reloads the
 // lane's elements (L1 / L2 hits) and stages its results itself.
-template <class In, bool kRow, bool kCol, bool kSR>
+template <class In, bool kRow, bool kCol, bool kSR, class Cast>
 __device__ __noinline__ void quantize_lane_exact(const QuantizeParams& p, const Lane16 L,
-                                                 float row_s6, float col_s6, const Stage16 s) {
+                                                 float row_s6, float col_s6, const Stage16 s,
+                                                 const Cast16 c) {
   sdk::cuda::Raw8<In> raw[Tile16::kLaneRows];
   load_lane_rows<In>(p, L.row, L.col, raw);
+  cast_lane<In, Cast, true>(p, L, c, raw);
   const float* row_table = s.row_table;
   const float* col_table = s.col_table;
   std::uint32_t col_words[8] = {}, own_row_codes = 0, own_col_codes = 0;
@@ -533,8 +586,8 @@ __device__ __noinline__ void quantize_lane_exact(const QuantizeParams& p, const 
 }
 
 // The lane's part of one tile: row codes stored, column codes and scale bytes staged.
-template <class In, bool kRow, bool kCol, bool kSR>
-__device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lane16& L,
+template <class In, bool kRow, bool kCol, bool kSR, class Cast>
+__device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lane16& L, const Cast16& c,
                                               const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows],
                                               float row_s6, float col_s6, const Stage16& s) {
   const float* row_table = s.row_table;
@@ -566,7 +619,7 @@ __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lan
   }
   const bool lane_nan = max(lane_max & 0xFFFFu, lane_max >> 16) > Packed16<In>::kInfBits;
   if (__any_sync(kFullMask, lane_nan || !L.interior)) {
-    quantize_lane_exact<In, kRow, kCol, kSR>(p, L, row_s6, col_s6, s);
+    quantize_lane_exact<In, kRow, kCol, kSR, Cast>(p, L, row_s6, col_s6, s, c);
     return;
   }
 
@@ -606,6 +659,7 @@ __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lan
     for (int k = 0; k < 8; ++k)
       col_enc[k] = __shfl_sync(kFullMask, own[k & 3], (L.lane & 15) | ((k >> 2) << 4));
   }
+  cast_lane<In, Cast, false>(p, L, c, raw);
   if constexpr (kSR)
     encode_lane_sr<In, kRow, kCol>(p, L, raw, row_enc, col_enc, col_words);
   else if (__any_sync(kFullMask, !(reach < 7.0f)))
@@ -619,9 +673,13 @@ __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lan
 // stochastic rounding, whose Philox calls keep more values live, 3 CTAs (168 registers) for one
 // direction and 2 (255) for both, where 168 spilled: it is bound by instructions, and the
 // unrolled Philox calls give each warp independent work to hide latency with.
-template <class In, bool kRow, bool kCol, bool kSR>
-__global__ void __launch_bounds__(Tile16::kThreads, kSR ? (kRow && kCol ? 2 : 3) : 4)
-    quantize_16bit_kernel(const __grid_constant__ QuantizeParams p) {
+// A kernel that also writes a per-tensor cast (the hybrid fusion) stores two directions: 3
+// CTAs (168 registers; at 128 it spilled 24 bytes).
+template <class In, bool kRow, bool kCol, bool kSR, class Cast = NoCast>
+__global__ void __launch_bounds__(Tile16::kThreads,
+                                  kSR ? (kRow && kCol ? 2 : 3)
+                                      : (std::is_same_v<Cast, NoCast> ? 4 : 3))
+    quantize_16bit_kernel(const __grid_constant__ QuantizeParams p, const TensorCast cast) {
   using T = Tile16;
   constexpr int R = T::kLaneRows;
   __shared__ float row_table[T::kCodes], col_table[T::kCodes];
@@ -653,6 +711,14 @@ __global__ void __launch_bounds__(Tile16::kThreads, kSR ? (kRow && kCol ? 2 : 3)
   }
   __syncthreads();
   const Stage16 stage{row_table, col_table, col_codes, row_scale_tile, col_scale_tile};
+  Cast16 c16{cast.data, 0.0f, false};
+  if constexpr (!std::is_same_v<Cast, NoCast>) {
+    // The rule float8 applies (qrecipe/scaling.hpp), so the codes are float8's own.
+    c16.scale = cast.scale != nullptr ? __ldcg(cast.scale)
+                                      : scale_from_amax(__ldcg(cast.amax), cast.fmax,
+                                                        cast.pow2_scales, cast.amax_epsilon);
+    c16.vector_ok = p.cols % 8 == 0 && is_aligned(cast.data, 8);
+  }
 
   // The grid never exceeds the tile count. With an aligned source each thread copies its rows
   // of the NEXT tile into the other input buffer (cp.async) before it encodes the current one,
@@ -711,7 +777,7 @@ __global__ void __launch_bounds__(Tile16::kThreads, kSR ? (kRow && kCol ? 2 : 3)
     } else {
       load_lane_rows<In>(p, L.row, L.col, raw);
     }
-    quantize_lane<In, kRow, kCol, kSR>(p, L, raw, row_s6, col_s6, stage);
+    quantize_lane<In, kRow, kCol, kSR, Cast>(p, L, c16, raw, row_s6, col_s6, stage);
     __syncthreads();
     const std::int64_t row0 = t.row0(), col0 = t.col0();
     const int valid_rows = valid_in_run(row0, p.rows, T::kRows);
@@ -769,8 +835,8 @@ std::int64_t tile_group_rows(bool writes_columnwise) {
   return grouped ? kTileGroupRows : 0;
 }
 
-template <class In, bool kRow, bool kCol, bool kSR>
-void launch_quantize_16bit_dirs(QuantizeParams p, cudaStream_t stream) {
+template <class In, bool kRow, bool kCol, bool kSR, class Cast = NoCast>
+void launch_quantize_16bit_dirs(QuantizeParams p, const TensorCast& cast, cudaStream_t stream) {
   using T = Tile16;
   p.tiles_per_row = ceil_div(p.cols, T::kCols);
   p.tiles = ceil_div(p.rows, T::kRows) * p.tiles_per_row;
@@ -780,34 +846,44 @@ void launch_quantize_16bit_dirs(QuantizeParams p, cudaStream_t stream) {
   static const int blocks_per_sm = [] {
     int n = 0;
     QR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &n, quantize_16bit_kernel<In, kRow, kCol, kSR>, T::kThreads, 0));
+        &n, quantize_16bit_kernel<In, kRow, kCol, kSR, Cast>, T::kThreads, 0));
     return n < 1 ? 1 : n;
   }();
   const std::int64_t resident = static_cast<std::int64_t>(sdk::cuda::sm_count(kFormat)) * blocks_per_sm;
   const std::int64_t blocks = p.tiles < resident ? p.tiles : resident;
-  quantize_16bit_kernel<In, kRow, kCol, kSR>
-      <<<static_cast<unsigned>(blocks), T::kThreads, 0, stream>>>(p);
+  quantize_16bit_kernel<In, kRow, kCol, kSR, Cast>
+      <<<static_cast<unsigned>(blocks), T::kThreads, 0, stream>>>(p, cast);
   QR_CUDA_CHECK_LAUNCH("quantize_16bit_kernel");
 }
 
 template <class In, bool kSR>
-void launch_quantize_16bit(const QuantizeParams& p, cudaStream_t stream) {
+void launch_quantize_16bit(const QuantizeParams& p, const TensorCast& cast,
+                           cudaStream_t stream) {
   const bool row = p.row_data != nullptr, col = p.col_data != nullptr;
-  if (row && col) launch_quantize_16bit_dirs<In, true, true, kSR>(p, stream);
-  else if (row) launch_quantize_16bit_dirs<In, true, false, kSR>(p, stream);
-  else launch_quantize_16bit_dirs<In, false, true, kSR>(p, stream);
+  if constexpr (!kSR) {  // the fused cast (nvfp4_kernels.cu checked: columnwise alone)
+    if (cast.data != nullptr) {
+      if (cast.dtype == QR_DTYPE_E4M3)
+        launch_quantize_16bit_dirs<In, false, true, false, CastE4M3>(p, cast, stream);
+      else
+        launch_quantize_16bit_dirs<In, false, true, false, CastE5M2>(p, cast, stream);
+      return;
+    }
+  }
+  if (row && col) launch_quantize_16bit_dirs<In, true, true, kSR>(p, cast, stream);
+  else if (row) launch_quantize_16bit_dirs<In, true, false, kSR>(p, cast, stream);
+  else launch_quantize_16bit_dirs<In, false, true, kSR>(p, cast, stream);
 }
 
 }  // namespace
 
 void quantize_16bit(const QuantizeParams& p, qr_dtype src_dtype, bool stochastic,
-                    cudaStream_t stream) {
+                    const TensorCast& cast, cudaStream_t stream) {
   if (src_dtype == QR_DTYPE_BF16) {
-    if (stochastic) launch_quantize_16bit<BF16In, true>(p, stream);
-    else launch_quantize_16bit<BF16In, false>(p, stream);
+    if (stochastic) launch_quantize_16bit<BF16In, true>(p, cast, stream);
+    else launch_quantize_16bit<BF16In, false>(p, cast, stream);
   } else {
-    if (stochastic) launch_quantize_16bit<F16In, true>(p, stream);
-    else launch_quantize_16bit<F16In, false>(p, stream);
+    if (stochastic) launch_quantize_16bit<F16In, true>(p, cast, stream);
+    else launch_quantize_16bit<F16In, false>(p, cast, stream);
   }
 }
 
