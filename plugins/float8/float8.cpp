@@ -253,6 +253,78 @@ class Float8Quantizer final : public sdk::QuantizerBase {
 #endif
   }
 
+  // The hybrid fusion extra QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST (plugin_abi.h): quantize the
+  // columnwise (transposed) direction and write another format's untransposed per-tensor cast
+  // (a float8 rowwise side of another dtype or scale) in the same cast + transpose tiles
+  // (float8_device.cuh, RowOut): one read of the source after the partner's amax pass. With
+  // the cast's source_amax (max |x| of this very source) and no caller amax, this direction's
+  // amax is that value, so its own amax pass goes too. Supported: current scaling, CUDA, a
+  // contiguous bf16 / f16 source, usage columnwise alone, an untransposed e4m3 / e5m2 cast.
+  // Anything else is UNSUPPORTED before a byte is written.
+  void quantize_with_tensor_cast(const qr_tensor_view& src, const qr_quantize_args& args,
+                                 qr_quantized_tensor* dst, const qr_tensor_cast& cast) {
+    bool supported = o_.scaling == Scaling::current && src.device.type == QR_DEVICE_CUDA &&
+                     sdk::kHasCuda && sdk::is_contiguous(src) &&
+                     args.usage == QR_USAGE_COLUMNWISE && cast.transposed == 0;
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    supported = supported && cuda::cast_with_own_rowwise_supported(
+                                 static_cast<qr_dtype>(src.dtype), static_cast<qr_dtype>(cast.dtype));
+#endif
+    QR_CHECK_CODE(supported, QR_STATUS_UNSUPPORTED, "float8 quantize_with_tensor_cast: needs "
+                  "current scaling, a contiguous bf16 / f16 CUDA source, usage columnwise alone "
+                  "and an untransposed e4m3 / e5m2 cast; got ",
+                  o_.scaling == Scaling::current ? "current" : "delayed", " scaling, ",
+                  sdk::dtype_str(static_cast<qr_dtype>(src.dtype)), " on ",
+                  sdk::device_str(src.device), ", usage ", args.usage, ", cast dtype ",
+                  sdk::dtype_str(static_cast<qr_dtype>(cast.dtype)),
+                  (cast.transposed ? " transposed" : ""));
+    if (dst == nullptr) return;  // a probe
+    sdk::check_quantize_call(src, args, *dst, kFormat, "quantize_with_tensor_cast", *this);
+    QR_CHECK(cast.data != nullptr && (cast.scale != nullptr || cast.amax != nullptr),
+             "float8 quantize_with_tensor_cast: the cast has no data buffer, or neither a scale "
+             "nor an amax");
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    const int device = src.device.index;
+    auto* amax_col = static_cast<float*>(dst->columnwise.amax.data);
+    cuda::CastTransposeArgs a;
+    a.src = src.data;
+    a.src_dtype = static_cast<qr_dtype>(src.dtype);
+    a.rows = dst->rows;
+    a.cols = dst->cols;
+    a.data_dtype = o_.dtype;
+    a.rowwise = cast.data;
+    a.columnwise = static_cast<std::uint8_t*>(dst->columnwise.data.data);
+    a.columnwise_scale_inv = static_cast<float*>(dst->columnwise.scale_inv.data);
+    a.rowwise_own = true;
+    a.rowwise_dtype = static_cast<qr_dtype>(cast.dtype);
+    a.rowwise_scale.device_scale = cast.scale;
+    a.rowwise_scale.device_amax = cast.scale != nullptr ? nullptr : cast.amax;
+    a.rowwise_scale.fmax = cast.fmax;
+    a.rowwise_scale.pow2_scales = cast.pow2_scales != 0;
+    a.rowwise_scale.amax_epsilon = cast.amax_epsilon;
+    a.device_index = device;
+    a.stream = args.stream;
+    // This direction's scale, as quantize_cuda's current scaling derives it.
+    if (args.amax != nullptr) {
+      const float given = args.amax[1];
+      cuda::write_scalars(amax_col, nullptr, given, nullptr, 0.0f, device, args.stream);
+      a.scale.scale = ref::current_scale(given, o_.dtype, o_.pow2_scales, o_.amax_epsilon);
+    } else {
+      a.scale.fmax = ref::fp8_max(o_.dtype);
+      a.scale.pow2_scales = o_.pow2_scales;
+      a.scale.amax_epsilon = o_.amax_epsilon;
+      if (cast.source_amax != nullptr) {
+        a.scale.device_amax = cast.source_amax;  // max |x| of this source: no amax pass
+        a.amax_mirror = amax_col;
+      } else {
+        a.scale.tensor_amax = true;
+        a.amax_out[0] = amax_col;
+      }
+    }
+    cuda::cast_transpose(a);
+#endif
+  }
+
   void dequantize(const qr_quantized_tensor& src, qr_direction direction,
                   const qr_tensor_view& dst, void* stream) override {
     const qr_direction_data& dd = sdk::check_dequantize_call(src, direction, dst, kFormat);

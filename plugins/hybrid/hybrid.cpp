@@ -44,11 +44,11 @@
 //     it is freed on every path, errors included.
 //   - Both directions from one read (columnwise_source: input, both requested): when one
 //     side's plugin offers QR_EXTRA_PREPARE_TENSOR_CAST (float8 current scaling on CUDA) and
-//     the other's QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST (mxfp8, nvfp4 1-D on CUDA), the second
-//     plugin's kernel writes the first side's per-tensor cast while it quantizes its own
-//     direction (quantize_fused); each side's bytes are its plugin's own, so the result is the
-//     two-call path's. Anything the extras refuse runs the two calls. QRECIPE_HYBRID_FUSE=0
-//     turns the fusion off.
+//     the other's QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST (mxfp8, nvfp4 1-D, float8 current scaling,
+//     on CUDA), the second plugin's kernel writes the first side's per-tensor cast while it
+//     quantizes its own direction (quantize_fused); each side's bytes are its plugin's own,
+//     so the result is the two-call path's. Anything the extras refuse runs the two calls.
+//     QRECIPE_HYBRID_FUSE=0 turns the fusion off.
 //   - quantize_into (in-place requantize) is the same call: both subs requantize in place.
 //   - Devices: the descriptor declares cpu and cuda; each sub-quantizer enforces its own device
 //     support with its own error (no fallback anywhere).

@@ -807,7 +807,6 @@ TEST_CASE("hybrid: tensor-cast fusion extras are offered by float8, mxfp8 and nv
   const auto prepare = reinterpret_cast<qr_prepare_tensor_cast_fn>(
       extra(*f8, QR_EXTRA_PREPARE_TENSOR_CAST));
   REQUIRE(static_cast<bool>(prepare));
-  CHECK(extra(*f8, QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST) == nullptr);
   CHECK(extra(*mx, QR_EXTRA_PREPARE_TENSOR_CAST) == nullptr);
   CHECK(extra(*nv, QR_EXTRA_PREPARE_TENSOR_CAST) == nullptr);
   CHECK(extra(*bw, QR_EXTRA_PREPARE_TENSOR_CAST) == nullptr);
@@ -829,7 +828,7 @@ TEST_CASE("hybrid: tensor-cast fusion extras are offered by float8, mxfp8 and nv
   cast.dtype = QR_DTYPE_E4M3;
   qr_quantize_args args{};
   args.struct_size = sizeof(qr_quantize_args);
-  for (const auto& q : {mx, nv}) {
+  for (const auto& q : {f8, mx, nv}) {
     INFO("fusing plugin ", q->format());
     const auto fuse = reinterpret_cast<qr_quantize_with_tensor_cast_fn>(
         extra(*q, QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST));
@@ -852,6 +851,14 @@ TEST_CASE("hybrid: tensor-cast fusion extras are offered by float8, mxfp8 and nv
         QR_STATUS_UNSUPPORTED);
   CHECK(code_of(prepare(delayed->handle(), &x.view().c(), &args, &t.c(), &cast)) ==
         QR_STATUS_UNSUPPORTED);
+  // A delayed-scaling float8 does not fuse a cast either (probe), whatever the device.
+  const auto fuse_f8 = reinterpret_cast<qr_quantize_with_tensor_cast_fn>(
+      extra(*delayed, QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST));
+  REQUIRE(static_cast<bool>(fuse_f8));
+  args.usage = kCol;
+  CHECK(code_of(fuse_f8(delayed->handle(), &x.view().c(), &args, nullptr, &cast)) ==
+        QR_STATUS_UNSUPPORTED);
+  args.usage = kRow;
   CHECK(bytes_of(t.scale_inv(kRowDir)) == before);
   // On the CPU a hybrid of a fusable pair runs the two calls: the plain sub-formats' bytes.
   const auto hq = engine->make_quantizer(hybrid(spec("float8"), spec("mxfp8")), role());

@@ -95,6 +95,8 @@ const OptionSet kOptionSets[] = {
     // 128x128 and no pow2 it also covers that pair.
     {"blockwise", "128x128_amax_epsilon",
      "{format: blockwise, block: 128x128, pow2_scales: false, amax_epsilon: 100}"},
+    // Both float8: the columnwise side's cast + transpose also writes the rowwise e4m3 cast
+    // (one read after the rowwise side's amax pass) for bf16 / f16 sources.
     {"hybrid", "float8_e4m3_rows_e5m2_cols",
      "{format: hybrid, rowwise: {format: float8, dtype: e4m3}, "
      "columnwise: {format: float8, dtype: e5m2, pow2_scales: true}}"},
@@ -724,6 +726,8 @@ TEST_CASE("hybrid one-read path with caller amaxes equals the CPU reference") {
       "{format: hybrid, rowwise: {format: float8, scaling: current}, columnwise: {format: mxfp8}}",
       "{format: hybrid, rowwise: {format: float8, dtype: e5m2, pow2_scales: true}, "
       "columnwise: {format: nvfp4}}",
+      "{format: hybrid, rowwise: {format: float8, dtype: e4m3}, "
+      "columnwise: {format: float8, dtype: e5m2, pow2_scales: true}}",
   };
   Tally tally;
   for (const char* yaml : pairs) {
