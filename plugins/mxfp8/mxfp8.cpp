@@ -184,13 +184,7 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
              "nor an amax");
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
     cuda::QuantizeArgs a = cuda_args(src, usage, *dst, args.stream);
-    a.cast.data = cast.data;
-    a.cast.dtype = static_cast<qr_dtype>(cast.dtype);
-    a.cast.scale = cast.scale;
-    a.cast.amax = cast.amax;
-    a.cast.fmax = cast.fmax;
-    a.cast.pow2_scales = cast.pow2_scales != 0;
-    a.cast.amax_epsilon = cast.amax_epsilon;
+    a.cast = cast;
     cuda::quantize(a);
 #else
     (void)usage;

@@ -101,8 +101,8 @@ struct QuantizeParams {
   bool columnwise_store_aligned;  // cols % 8 == 0 and columnwise data 8-byte aligned
   bool rowwise_scale_aligned;     // rowwise_scale_ld % 8 == 0 and rowwise scale 8-byte aligned
   bool all_aligned;               // every flag above that the request uses
-  // The per-tensor cast of mxfp8_kernels.hpp's TensorCast (kernels with a Cast only): data
-  // [rows, cols] and where its scale comes from.
+  // The per-tensor cast of QuantizeArgs::cast (mxfp8_kernels.hpp; kernels with a Cast only):
+  // data [rows, cols] and where its scale comes from.
   std::uint8_t* cast_data;
   const float* cast_scale;
   const float* cast_amax;
@@ -321,7 +321,7 @@ QuantizeParams<In> quantize_params(const QuantizeArgs& a) {
   p.cast_scale = a.cast.scale;
   p.cast_amax = a.cast.amax;
   p.cast_fmax = a.cast.fmax;
-  p.cast_pow2_scales = a.cast.pow2_scales;
+  p.cast_pow2_scales = a.cast.pow2_scales != 0;
   p.cast_amax_epsilon = a.cast.amax_epsilon;
   p.cast_store_aligned = a.cols % 8 == 0 && is_aligned(a.cast.data, 8);
   p.all_aligned = p.load_aligned &&

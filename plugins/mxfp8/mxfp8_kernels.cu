@@ -172,7 +172,8 @@ void quantize(const QuantizeArgs& a) {
            a.columnwise_scale_ld, " bytes) are shorter than ", a.cols, " columns");
   QR_CHECK(a.cast.data == nullptr ||
                (quantize_with_cast_supported(a.src_dtype, a.rowwise_data != nullptr,
-                                             a.columnwise_data != nullptr, a.cast.dtype) &&
+                                             a.columnwise_data != nullptr,
+                                             static_cast<qr_dtype>(a.cast.dtype)) &&
                 (a.cast.scale != nullptr || a.cast.amax != nullptr)),
            "mxfp8 CUDA quantize: a per-tensor cast needs the columnwise direction alone, a "
            "bf16 / f16 source, an e4m3 / e5m2 cast and its scale or amax");

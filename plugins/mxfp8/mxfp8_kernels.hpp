@@ -18,20 +18,6 @@
 
 namespace qrecipe::mxfp8::cuda {
 
-// A per-tensor cast written from the same read of the source (the hybrid fusion extra of
-// plugin_abi.h, qr_tensor_cast): data [rows, cols] (never transposed here),
-// q = sat_rne(x * s) in `dtype` with s = *scale, or scale_from_amax(*amax, fmax, pow2_scales,
-// amax_epsilon) when scale is null (qrecipe/scaling.hpp, on the device). Null data: none.
-struct TensorCast {
-  std::uint8_t* data = nullptr;
-  qr_dtype dtype = QR_DTYPE_E4M3;
-  const float* scale = nullptr;
-  const float* amax = nullptr;
-  float fmax = 448.0f;
-  bool pow2_scales = false;
-  float amax_epsilon = 0.0f;
-};
-
 struct QuantizeArgs {
   const void* src = nullptr;           // device, contiguous [rows, cols]
   qr_dtype src_dtype = QR_DTYPE_F32;   // f32, bf16 or f16
@@ -48,13 +34,15 @@ struct QuantizeArgs {
   std::uint8_t* columnwise_data = nullptr;
   std::uint8_t* columnwise_scale = nullptr;
   std::int64_t columnwise_scale_ld = 0;
-  // Columnwise only, bf16 / f16 sources (quantize_with_cast_supported): also this cast.
-  TensorCast cast;
+  // Columnwise only, bf16 / f16 sources (quantize_with_cast_supported): also this per-tensor
+  // cast (plugin_abi.h's qr_tensor_cast, untransposed here; data == nullptr: none), with
+  // q = sat_rne(x * s), s = *scale or scale_from_amax(*amax, ...) of qrecipe/scaling.hpp.
+  qr_tensor_cast cast{};
   int device_index = 0;
   void* stream = nullptr;
 };
 
-// Whether quantize can write a TensorCast beside the requested directions: the columnwise
+// Whether quantize can write a per-tensor cast beside the requested directions: the columnwise
 // direction alone, from a bf16 or f16 source, into an e4m3 or e5m2 cast.
 bool quantize_with_cast_supported(qr_dtype src_dtype, bool rowwise, bool columnwise,
                                   qr_dtype cast_dtype);

@@ -184,13 +184,7 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
     cuda::DirectionBuffers buffers[2];
     cuda::QuantizeArgs a = cuda_args(src, request, args.stream, buffers);
     if (request.amax == nullptr) a.device_amax = cast.source_amax;
-    a.cast.data = cast.data;
-    a.cast.dtype = static_cast<qr_dtype>(cast.dtype);
-    a.cast.scale = cast.scale;
-    a.cast.amax = cast.amax;
-    a.cast.fmax = cast.fmax;
-    a.cast.pow2_scales = cast.pow2_scales != 0;
-    a.cast.amax_epsilon = cast.amax_epsilon;
+    a.cast = cast;
     cuda::quantize(a);
 #endif
   }

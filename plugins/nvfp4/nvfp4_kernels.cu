@@ -102,7 +102,8 @@ void quantize(const QuantizeArgs& a) {
   QR_CHECK(a.cast.data == nullptr ||
                (quantize_with_cast_supported(a.src_dtype, a.rowwise != nullptr,
                                              a.columnwise != nullptr, a.two_d, a.hadamard,
-                                             a.stochastic_rounding, a.cast.dtype) &&
+                                             a.stochastic_rounding,
+                                             static_cast<qr_dtype>(a.cast.dtype)) &&
                 (a.cast.scale != nullptr || a.cast.amax != nullptr)),
            "nvfp4 CUDA quantize: a per-tensor cast needs the columnwise direction alone, 1-D "
            "blocks, round to nearest, a bf16 / f16 source, an e4m3 / e5m2 cast and its scale or "

@@ -27,21 +27,7 @@ struct DirectionBuffers {
   float* amax = nullptr;           // [1]
 };
 
-// A per-tensor cast written from the same read of the source (the hybrid fusion extra of
-// plugin_abi.h, qr_tensor_cast): data [rows, cols] (never transposed here), q = sat_rne(x * s)
-// in `dtype` with s = *scale, or scale_from_amax(*amax, fmax, pow2_scales, amax_epsilon) when
-// scale is null (qrecipe/scaling.hpp, on the device). Null data: none.
-struct TensorCast {
-  std::uint8_t* data = nullptr;
-  qr_dtype dtype = QR_DTYPE_E4M3;
-  const float* scale = nullptr;
-  const float* amax = nullptr;
-  float fmax = 448.0f;
-  bool pow2_scales = false;
-  float amax_epsilon = 0.0f;
-};
-
-// Whether quantize can write a TensorCast beside the requested directions: the columnwise
+// Whether quantize can write a per-tensor cast beside the requested directions: the columnwise
 // direction alone, 1-D blocks (no 2d, no Hadamard), round to nearest, a bf16 / f16 source, an
 // e4m3 / e5m2 cast.
 bool quantize_with_cast_supported(qr_dtype src_dtype, bool rowwise, bool columnwise, bool two_d,
@@ -66,7 +52,10 @@ struct QuantizeArgs {
   const float* device_amax = nullptr;
   const DirectionBuffers* rowwise = nullptr;     // null: not requested
   const DirectionBuffers* columnwise = nullptr;  // null: not requested
-  TensorCast cast;  // quantize_with_cast_supported requests only
+  // quantize_with_cast_supported requests only: also this per-tensor cast (plugin_abi.h's
+  // qr_tensor_cast, untransposed here; data == nullptr: none), q = sat_rne(x * s) with
+  // s = *scale or scale_from_amax(*amax, ...) of qrecipe/scaling.hpp.
+  qr_tensor_cast cast{};
   int device_index = 0;
   void* stream = nullptr;
 };

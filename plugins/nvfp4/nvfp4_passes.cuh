@@ -34,7 +34,7 @@ void hadamard_amax(const void* src, qr_dtype dtype, std::int64_t rows, std::int6
 // 1-D blocks, bf16 / f16 source, either rounding: the hot path (nvfp4_quantize_16bit.cu);
 // with cast.data set (columnwise alone, round to nearest) it also writes the per-tensor cast.
 void quantize_16bit(const QuantizeParams& p, qr_dtype src_dtype, bool stochastic,
-                    const TensorCast& cast, cudaStream_t stream);
+                    const qr_tensor_cast& cast, cudaStream_t stream);
 
 // 1-D blocks, f32 sources (either rounding), and stochastic rounding of 16-bit sources when
 // QRECIPE_NVFP4_SR_KERNEL=tile1d selects it (the previous path, kept to time against): 32 x 32

@@ -679,7 +679,7 @@ template <class In, bool kRow, bool kCol, bool kSR, class Cast = NoCast>
 __global__ void __launch_bounds__(Tile16::kThreads,
                                   kSR ? (kRow && kCol ? 2 : 3)
                                       : (std::is_same_v<Cast, NoCast> ? 4 : 3))
-    quantize_16bit_kernel(const __grid_constant__ QuantizeParams p, const TensorCast cast) {
+    quantize_16bit_kernel(const __grid_constant__ QuantizeParams p, const qr_tensor_cast cast) {
   using T = Tile16;
   constexpr int R = T::kLaneRows;
   __shared__ float row_table[T::kCodes], col_table[T::kCodes];
@@ -716,7 +716,7 @@ __global__ void __launch_bounds__(Tile16::kThreads,
     // The rule float8 applies (qrecipe/scaling.hpp), so the codes are float8's own.
     c16.scale = cast.scale != nullptr ? __ldcg(cast.scale)
                                       : scale_from_amax(__ldcg(cast.amax), cast.fmax,
-                                                        cast.pow2_scales, cast.amax_epsilon);
+                                                        cast.pow2_scales != 0, cast.amax_epsilon);
     c16.vector_ok = p.cols % 8 == 0 && is_aligned(cast.data, 8);
   }
 
@@ -836,7 +836,7 @@ std::int64_t tile_group_rows(bool writes_columnwise) {
 }
 
 template <class In, bool kRow, bool kCol, bool kSR, class Cast = NoCast>
-void launch_quantize_16bit_dirs(QuantizeParams p, const TensorCast& cast, cudaStream_t stream) {
+void launch_quantize_16bit_dirs(QuantizeParams p, const qr_tensor_cast& cast, cudaStream_t stream) {
   using T = Tile16;
   p.tiles_per_row = ceil_div(p.cols, T::kCols);
   p.tiles = ceil_div(p.rows, T::kRows) * p.tiles_per_row;
@@ -857,7 +857,7 @@ void launch_quantize_16bit_dirs(QuantizeParams p, const TensorCast& cast, cudaSt
 }
 
 template <class In, bool kSR>
-void launch_quantize_16bit(const QuantizeParams& p, const TensorCast& cast,
+void launch_quantize_16bit(const QuantizeParams& p, const qr_tensor_cast& cast,
                            cudaStream_t stream) {
   const bool row = p.row_data != nullptr, col = p.col_data != nullptr;
   if constexpr (!kSR) {  // the fused cast (nvfp4_kernels.cu checked: columnwise alone)
@@ -877,7 +877,7 @@ void launch_quantize_16bit(const QuantizeParams& p, const TensorCast& cast,
 }  // namespace
 
 void quantize_16bit(const QuantizeParams& p, qr_dtype src_dtype, bool stochastic,
-                    const TensorCast& cast, cudaStream_t stream) {
+                    const qr_tensor_cast& cast, cudaStream_t stream) {
   if (src_dtype == QR_DTYPE_BF16) {
     if (stochastic) launch_quantize_16bit<BF16In, true>(p, cast, stream);
     else launch_quantize_16bit<BF16In, false>(p, cast, stream);
