@@ -164,6 +164,45 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
     return p;
   }
 
+  // The hybrid fusion extra QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST (plugin_abi.h): quantize the
+  // columnwise direction and write another format's per-tensor cast (float8's rowwise side of
+  // a hybrid) from the same read of the source: the CTA tile that makes the 32x1 blocks also
+  // casts its elements with the one scale (mxfp8_device.cuh, Cast). Supported: CUDA, a
+  // contiguous bf16 / f16 source, this quantizer's columnwise direction alone, an e4m3 / e5m2
+  // cast that is not transposed (the cast shares the source's [rows, cols] order, as the MX
+  // data does). Anything else is UNSUPPORTED before a byte is written.
+  void quantize_with_tensor_cast(const qr_tensor_view& src, const qr_quantize_args& args,
+                                 qr_quantized_tensor* dst, const qr_tensor_cast& cast) {
+    const bool cuda_source = src.device.type == QR_DEVICE_CUDA && sdk::kHasCuda;
+    bool supported = cuda_source && sdk::is_contiguous(src) && cast.transposed == 0;
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    supported = supported && cuda::quantize_with_cast_supported(
+                                 static_cast<qr_dtype>(src.dtype),
+                                 (args.usage & QR_USAGE_ROWWISE) != 0,
+                                 (args.usage & QR_USAGE_COLUMNWISE) != 0,
+                                 static_cast<qr_dtype>(cast.dtype));
+#endif
+    QR_CHECK_CODE(supported, QR_STATUS_UNSUPPORTED, "mxfp8 quantize_with_tensor_cast: needs a "
+                  "contiguous bf16 / f16 CUDA source, usage columnwise alone and an untransposed "
+                  "e4m3 / e5m2 cast; got ", sdk::dtype_str(static_cast<qr_dtype>(src.dtype)),
+                  " on ", sdk::device_str(src.device), ", usage ", args.usage, ", cast dtype ",
+                  sdk::dtype_str(static_cast<qr_dtype>(cast.dtype)), (cast.transposed ?
+                  " transposed" : ""));
+    if (dst == nullptr) return;  // a probe
+    const std::uint32_t usage =
+        sdk::check_quantize_call(src, args, *dst, kFormat, "quantize_with_tensor_cast", *this);
+    QR_CHECK(cast.data != nullptr && (cast.scale != nullptr || cast.amax != nullptr),
+             "mxfp8 quantize_with_tensor_cast: the cast has no data buffer, or neither a scale "
+             "nor an amax");
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    cuda::QuantizeArgs a = cuda_args(src, usage, *dst, args.stream);
+    a.cast = cast;
+    cuda::quantize(a);
+#else
+    (void)usage;
+#endif
+  }
+
   void dequantize(const qr_quantized_tensor& src, qr_direction direction,
                   const qr_tensor_view& dst, void* stream) override {
     const qr_direction_data& dd = sdk::check_dequantize_call(src, direction, dst, kFormat);

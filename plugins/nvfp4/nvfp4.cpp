@@ -145,6 +145,52 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
     ref::quantize(src, config_, request);
   }
 
+  // The hybrid fusion extra QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST (plugin_abi.h): quantize the
+  // columnwise direction and write another format's per-tensor cast (float8's rowwise side of
+  // a hybrid) from the same read of the source, in the 16-bit kernel's tiles
+  // (nvfp4_quantize_16bit.cu, Cast). When the cast carries source_amax (max |x| of this
+  // source, computed by the partner's prepare) and no amax was given, it is this direction's
+  // tensor amax, so the amax pass is skipped too: one read of the source for both directions
+  // after the partner's amax pass. Supported: CUDA, a contiguous bf16 / f16 source, the
+  // columnwise direction alone, 1-D blocks (no 2d, no Hadamard), round to nearest, an
+  // untransposed e4m3 / e5m2 cast. Anything else is UNSUPPORTED before a byte is written (and
+  // before the stochastic-rounding counter moves).
+  void quantize_with_tensor_cast(const qr_tensor_view& src, const qr_quantize_args& args,
+                                 qr_quantized_tensor* dst, const qr_tensor_cast& cast) {
+    bool supported = src.device.type == QR_DEVICE_CUDA && sdk::kHasCuda &&
+                     sdk::is_contiguous(src) && cast.transposed == 0;
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    supported = supported && cuda::quantize_with_cast_supported(
+                                 static_cast<qr_dtype>(src.dtype),
+                                 (args.usage & QR_USAGE_ROWWISE) != 0,
+                                 (args.usage & QR_USAGE_COLUMNWISE) != 0, config_.two_d,
+                                 config_.hadamard, config_.stochastic_rounding,
+                                 static_cast<qr_dtype>(cast.dtype));
+#endif
+    QR_CHECK_CODE(supported, QR_STATUS_UNSUPPORTED, "nvfp4 quantize_with_tensor_cast: needs a "
+                  "contiguous bf16 / f16 CUDA source, usage columnwise alone, 1-D blocks with "
+                  "round to nearest and an untransposed e4m3 / e5m2 cast; got ",
+                  sdk::dtype_str(static_cast<qr_dtype>(src.dtype)), " on ",
+                  sdk::device_str(src.device), ", usage ", args.usage, ", cast dtype ",
+                  sdk::dtype_str(static_cast<qr_dtype>(cast.dtype)),
+                  (cast.transposed ? " transposed" : ""));
+    if (dst == nullptr) return;  // a probe
+    QR_CHECK(cast.data != nullptr && (cast.scale != nullptr || cast.amax != nullptr),
+             "nvfp4 quantize_with_tensor_cast: the cast has no data buffer, or neither a scale "
+             "nor an amax");
+    ref::DirectionOut out[2];
+    const ref::Request request =
+        checked_request(src, args, *dst, "quantize_with_tensor_cast", out);
+    check_cuda_call(src, request, "quantize_with_tensor_cast");
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    cuda::DirectionBuffers buffers[2];
+    cuda::QuantizeArgs a = cuda_args(src, request, args.stream, buffers);
+    if (request.amax == nullptr) a.device_amax = cast.source_amax;
+    a.cast = cast;
+    cuda::quantize(a);
+#endif
+  }
+
   // Grouped quantization (the descriptor's quantize_grouped extra, plugin_abi.h: each group
   // byte-identical to quantizing its rows alone, one call after the other; plugin_sdk.hpp has
   // checked the generic arguments). Group g takes call offset rng_offset + g, or the next

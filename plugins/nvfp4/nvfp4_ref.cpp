@@ -40,10 +40,15 @@ struct BlockAmax {
   }
 };
 
-std::uint8_t round_element(float v, const Rounding& rounding, std::uint64_t element_index) {
+// Element `col` of data row `row` (rows of `cols` elements) of the direction being written:
+// stochastic rounding draws its word from the Philox group of (row, col) (philox.hpp).
+std::uint8_t round_element(float v, const Rounding& rounding, std::int64_t row, std::int64_t cols,
+                           std::int64_t col) {
   if (!rounding.stochastic) return round_nearest(v);
-  return round_stochastic(
-      v, sr_random_word(rounding.seed, element_index, rounding.call_offset));
+  return round_stochastic(v, sr_random_word(rounding.seed, rounding.call_offset,
+                                            static_cast<std::uint64_t>(row),
+                                            static_cast<std::uint64_t>(cols),
+                                            static_cast<std::uint64_t>(col)));
 }
 
 void set_nibble(std::uint8_t* row, std::int64_t c, std::uint8_t code) {
@@ -157,10 +162,8 @@ void quantize_1d(const float* x, std::int64_t rows, std::int64_t cols, float ten
       for (std::int64_t c = begin; c < end; ++c) block.add(xr[c]);
       const std::uint8_t code = block_scale_code(block.amax, s_enc);
       const float enc = element_encode_factor(code, s_dec);
-      for (std::int64_t c = begin; c < end; ++c) {
-        const auto index = static_cast<std::uint64_t>(r * cols + c);
-        set_nibble(data_row, c, round_element(xr[c] * enc, rounding, index));
-      }
+      for (std::int64_t c = begin; c < end; ++c)
+        set_nibble(data_row, c, round_element(xr[c] * enc, rounding, r, cols, c));
       out.scales[r * spitch + b] = block.has_nan ? kNanScaleCode : code;
     }
   }
@@ -201,8 +204,8 @@ void quantize_2d(const float* x, std::int64_t rows, std::int64_t cols, float ten
       const float enc = element_encode_factor(code, s_dec);
       for (std::int64_t r = r0; r < r1; ++r) {
         for (std::int64_t c = c0; c < c1; ++c) {
-          const auto index = static_cast<std::uint64_t>(r * cols + c);
-          const std::uint8_t q = round_element(x[r * cols + c] * enc, rounding, index);
+          // The rowwise element's word for both directions: the codes are drawn once.
+          const std::uint8_t q = round_element(x[r * cols + c] * enc, rounding, r, cols, c);
           if (rowwise) set_nibble(rowwise->data + r * row_pitch, c, q);
           if (columnwise) set_nibble(columnwise->data + c * col_pitch, r, q);
         }

@@ -228,6 +228,7 @@ typedef struct qr_quantize_args {
 
 typedef struct qr_host_context qr_host_context; /* opaque engine handle */
 typedef struct qr_host_quantizer qr_host_quantizer; /* a quantizer the host made for a plugin */
+typedef struct qr_quantizer qr_quantizer; /* opaque, made by a plugin */
 
 /* Shared delayed-scaling state handed to a stateful quantizer. The engine owns it and
  * updates scale / history in Engine::update_scaling(); the quantizer reads `scale` and
@@ -303,11 +304,17 @@ typedef struct qr_host_api {
                              void** out);
   void (*scratch_free)(qr_host_context* ctx, void* ptr, size_t bytes, qr_device device,
                        void* stream);
+  /* appended after v1 (check struct_size): the extra `name` of the plugin that made q (its
+   * descriptor's get_proc_address) in *fn, NULL when that plugin has none, and q's own
+   * qr_quantizer* in *inner to call it with. Both stay valid while q lives. A plugin that
+   * drives another plugin's quantizer (the hybrid format) uses it to reach that plugin's
+   * extras, such as the tensor-cast fusion below. */
+  qr_status (*quantizer_extra)(qr_host_quantizer* q, const char* name, void** fn,
+                               qr_quantizer** inner);
 } qr_host_api;
 
 /* ---------------------------------------------------------------- 4. plugin descriptor */
 
-typedef struct qr_quantizer qr_quantizer; /* opaque, made by the plugin */
 
 typedef struct qr_create_args {
   uint32_t struct_size;
@@ -437,6 +444,56 @@ typedef qr_status (*qr_adam_requantize_fn)(const qr_adam_tensor* tensors, uint32
 typedef int32_t (*qr_adam_requantize_supports_fn)(qr_quantizer* q, qr_device device,
                                                   int32_t capturable, char* reason,
                                                   size_t capacity);
+
+/* Fusing the two directions of a hybrid into one read of the source: optional extras.
+ *
+ * A per-tensor cast is what a direction with one FP32 scale for the whole tensor (scale mode
+ * TENSOR with E4M3 / E5M2 data) needs written, described without naming its format, so that
+ * another plugin's quantize kernel can write it from the same read of the source:
+ *   data[r][c] (data [rows, cols]), or data[c][r] when transposed (data [cols, rows]),
+ *     = sat_rne(fp32(x[r][c]) * s) in `dtype`: round to nearest even, saturating to +-max,
+ *       NaN -> 0x7F, sign of zero kept (qrecipe/conversions.hpp), with
+ *   s = *scale when scale is set, else scale_from_amax(*amax, fmax, pow2_scales,
+ *       amax_epsilon) (qrecipe/scaling.hpp), computed on the device.
+ * Pointers are device pointers whose contents are ready in stream order (args->stream). */
+typedef struct qr_tensor_cast {
+  uint32_t struct_size;
+  int32_t dtype;          /* QR_DTYPE_E4M3 or QR_DTYPE_E5M2 */
+  int32_t transposed;     /* 0: data [rows, cols]; 1: data [cols, rows] */
+  uint8_t* data;
+  const float* scale;     /* the scale itself, or NULL: from amax by the rule above */
+  const float* amax;      /* the rule's amax (used when scale is NULL) */
+  float fmax;             /* 448 (E4M3) or 57344 (E5M2) */
+  int32_t pow2_scales;
+  float amax_epsilon;
+  /* NULL, or max |x| over this very source (NaN ignored), already on the device: a fusing
+   * plugin whose own direction needs exactly that amax may read it instead of a pass of its
+   * own. NULL when the amax came from the caller (a reduced amax is not the source's). */
+  const float* source_amax;
+} qr_tensor_cast;
+
+/* Extra of a plugin whose direction can be written as a per-tensor cast. args->usage names
+ * exactly one direction d of dst. It runs everything quantize does for d except writing the
+ * data (the amax pass, scale_inv and amax stores), stream-ordered on args->stream, and fills
+ * *cast (data = d's data buffer). A QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST call that writes *cast
+ * then completes d byte for byte as quantize would have. It returns QR_STATUS_UNSUPPORTED
+ * having written and advanced nothing when this quantizer cannot be described that way
+ * (options such as delayed scaling, device, source dtype): quantize the directions apart. */
+#define QR_EXTRA_PREPARE_TENSOR_CAST "qr_prepare_tensor_cast"
+typedef qr_status (*qr_prepare_tensor_cast_fn)(qr_quantizer* q, const qr_tensor_view* src,
+                                               const qr_quantize_args* args,
+                                               qr_quantized_tensor* dst, qr_tensor_cast* cast);
+
+/* Extra: exactly `quantize(q, src, args, dst)` plus writing `cast` from the same read of the
+ * source. With dst == NULL it is a probe: it returns success when it would accept this call
+ * (src, args->usage, cast->dtype, cast->transposed; the pointers of cast unused), else
+ * QR_STATUS_UNSUPPORTED, and writes nothing. A real call that returns QR_STATUS_UNSUPPORTED has
+ * written and advanced nothing (stochastic-rounding counter included). */
+#define QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST "qr_quantize_with_tensor_cast"
+typedef qr_status (*qr_quantize_with_tensor_cast_fn)(qr_quantizer* q, const qr_tensor_view* src,
+                                                     const qr_quantize_args* args,
+                                                     qr_quantized_tensor* dst,
+                                                     const qr_tensor_cast* cast);
 
 /* Exported symbols of every plugin:
  *   const uint32_t qrecipe_plugin_abi = QR_PLUGIN_ABI_VERSION;   (read without running code)

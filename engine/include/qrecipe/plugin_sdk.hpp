@@ -15,7 +15,13 @@
 //                              std::span<qr_quantized_tensor* const> dst);
 //      and get_proc_address(QR_EXTRA_QUANTIZE_GROUPED) returns it (plugin_abi.h has the
 //      contract; check_grouped_call below has already checked the generic arguments when it
-//      runs). Other extras come from the function given to QR_DEFINE_PLUGIN_EX.
+//      runs). Likewise the hybrid fusion extras (plugin_abi.h, qr_tensor_cast):
+//        void prepare_tensor_cast(const qr_tensor_view& src, const qr_quantize_args& args,
+//                                 qr_quantized_tensor& dst, qr_tensor_cast& cast);
+//        void quantize_with_tensor_cast(const qr_tensor_view& src, const qr_quantize_args& args,
+//                                       qr_quantized_tensor* dst, const qr_tensor_cast& cast);
+//      (throw qrecipe::Error with QR_STATUS_UNSUPPORTED, before writing anything, for what
+//      they cannot do). Other extras come from the function given to QR_DEFINE_PLUGIN_EX.
 // Every call into the class goes through a noexcept trampoline that turns exceptions into
 // qr_status values made by the host, so no exception ever crosses the boundary.
 #pragma once
@@ -162,6 +168,22 @@ concept HasQuantizeGrouped = requires(Q& q, const qr_tensor_view& src,
   q.quantize_grouped(src, rows, args, dst);
 };
 
+// A quantizer class that can describe a direction as a per-tensor cast, or write one while it
+// quantizes (the hybrid fusion extras of plugin_abi.h; how-to step 5 above).
+template <class Q>
+concept HasPrepareTensorCast = requires(Q& q, const qr_tensor_view& src,
+                                        const qr_quantize_args& args, qr_quantized_tensor& dst,
+                                        qr_tensor_cast& cast) {
+  q.prepare_tensor_cast(src, args, dst, cast);
+};
+template <class Q>
+concept HasQuantizeWithTensorCast = requires(Q& q, const qr_tensor_view& src,
+                                             const qr_quantize_args& args,
+                                             qr_quantized_tensor* dst,
+                                             const qr_tensor_cast& cast) {
+  q.quantize_with_tensor_cast(src, args, dst, cast);
+};
+
 // The generic checks of a quantize_grouped call (plugin_abi.h), made before the plugin's own:
 // struct sizes, at least one group, a 2-D source whose rows the groups cover exactly, one
 // destination of group_rows[g] x cols per group holding the requested usage, no reduced amax.
@@ -252,6 +274,30 @@ struct Trampolines {
                                 *args, std::span<qr_quantized_tensor* const>(dst, num_groups));
     });
   }
+  static qr_status prepare_tensor_cast(qr_quantizer* q, const qr_tensor_view* src,
+                                       const qr_quantize_args* args, qr_quantized_tensor* dst,
+                                       qr_tensor_cast* cast) noexcept {
+    return guard([&] {
+      QR_CHECK(src && args && dst && cast, "prepare_tensor_cast called with null arguments");
+      QR_CHECK(args->struct_size >= sizeof(qr_quantize_args) &&
+                   cast->struct_size >= sizeof(qr_tensor_cast),
+               "prepare_tensor_cast: qr_quantize_args or qr_tensor_cast struct_size too small");
+      self(q)->prepare_tensor_cast(*src, *args, *dst, *cast);
+    });
+  }
+  static qr_status quantize_with_tensor_cast(qr_quantizer* q, const qr_tensor_view* src,
+                                             const qr_quantize_args* args,
+                                             qr_quantized_tensor* dst,
+                                             const qr_tensor_cast* cast) noexcept {
+    return guard([&] {
+      QR_CHECK(src && args && cast, "quantize_with_tensor_cast called with null arguments");
+      QR_CHECK(args->struct_size >= sizeof(qr_quantize_args) &&
+                   cast->struct_size >= sizeof(qr_tensor_cast),
+               "quantize_with_tensor_cast: qr_quantize_args or qr_tensor_cast struct_size too "
+               "small");
+      self(q)->quantize_with_tensor_cast(*src, *args, dst, *cast);
+    });
+  }
   static qr_status describe(qr_quantizer* q, char* buffer, std::size_t capacity) noexcept {
     return guard([&] {
       const std::string s = self(q)->describe();
@@ -291,7 +337,8 @@ constexpr qr_plugin_descriptor make_descriptor(const char* name, const char* ver
 }
 
 // The descriptor's get_proc_address: the extras the SDK itself provides for Q (grouped
-// quantization when Q has a quantize_grouped member), then whatever `PluginExtras` (the
+// quantization when Q has a quantize_grouped member, the tensor-cast fusion extras when it has
+// those members), then whatever `PluginExtras` (the
 // plugin's own lookup, QR_DEFINE_PLUGIN_EX) returns.
 template <class Q, void* (*PluginExtras)(const char*)>
 void* extras(const char* name) {
@@ -300,6 +347,18 @@ void* extras(const char* name) {
     if (std::strcmp(name, QR_EXTRA_QUANTIZE_GROUPED) == 0) {
       const qr_quantize_grouped_fn fn = &Trampolines<Q>::quantize_grouped;
       return reinterpret_cast<void*>(fn);  // POSIX: function pointers round-trip through void*
+    }
+  }
+  if constexpr (HasPrepareTensorCast<Q>) {
+    if (std::strcmp(name, QR_EXTRA_PREPARE_TENSOR_CAST) == 0) {
+      const qr_prepare_tensor_cast_fn fn = &Trampolines<Q>::prepare_tensor_cast;
+      return reinterpret_cast<void*>(fn);
+    }
+  }
+  if constexpr (HasQuantizeWithTensorCast<Q>) {
+    if (std::strcmp(name, QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST) == 0) {
+      const qr_quantize_with_tensor_cast_fn fn = &Trampolines<Q>::quantize_with_tensor_cast;
+      return reinterpret_cast<void*>(fn);
     }
   }
   return PluginExtras(name);
