@@ -152,18 +152,29 @@ TEST_CASE("a throwing factory is an error when the quantizer is made; the engine
   REQUIRE(r->failures().empty());
   QuantizerSpec spec;
   spec.format = "toy";
-  Engine engine(Recipe::uniform(spec), r);
+  // Validating a recipe makes its quantizers once (recipe check), so the factory's error
+  // comes when the engine is built, before any use.
+  try {
+    Engine refused(Recipe::uniform(spec), r);
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK(contains(e.what(), "toy factory failed on purpose"));
+    CHECK(contains(e.what(), "creating a 'toy' quantizer"));
+  }
+  // A spec made in code after the engine exists: the error names the role; the engine still
+  // answers (and still refuses) without crashing.
+  Engine engine(Recipe::uniform(QuantizerSpec{}), r);
   const QuantizerRole role{"linear", "input", "x"};
   try {
-    engine.resolve(role);
+    engine.make_quantizer(spec, role);
     FAIL("expected an error");
   } catch (const Error& e) {
     CHECK(contains(e.what(), "toy factory failed on purpose"));
     CHECK(contains(e.what(), "creating a 'toy' quantizer"));
     CHECK(contains(e.what(), "linear:input@x"));
   }
-  // The engine still answers (and still refuses) without crashing.
-  CHECK_THROWS_AS(engine.resolve(role), Error);
+  CHECK_THROWS_AS(engine.make_quantizer(spec, role), Error);
+  CHECK(engine.resolve(role) == nullptr);  // the recipe's own roles still resolve
 }
 
 TEST_CASE("search path order: api, QRECIPE_PLUGIN_PATH, install dir, engine library dir") {

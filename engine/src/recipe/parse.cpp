@@ -28,12 +28,15 @@ std::string describe_node(const YAML::Node& node) {
   switch (node.Type()) {
     case YAML::NodeType::Map: return "a map";
     case YAML::NodeType::Sequence: return "a list";
-    case YAML::NodeType::Scalar: return "'" + node.Scalar() + "'";
+    case YAML::NodeType::Scalar: return quoted(node.Scalar());
     case YAML::NodeType::Null: return "nothing (null)";
     default: return "an undefined node";
   }
 }
 
+
+// Thrown by Parser::fail at kMaxProblems problems: the walk stops there.
+struct TooManyProblems {};
 
 class Parser {
  public:
@@ -86,6 +89,7 @@ class Parser {
  private:
   void fail(const YAML::Node& node, std::string path, std::string what) {
     problems_.push_back({at(node), std::move(path), std::move(what)});
+    if (problems_.size() >= kMaxProblems) throw TooManyProblems{};
   }
 
   // Calls fn(key, value, key_path) for each entry of `map` whose key is a unique string and, if
@@ -104,13 +108,13 @@ class Parser {
       const std::string key = key_node.Scalar();
       const std::string key_path = child_path(path, key);
       if (!seen.insert(key).second) {
-        fail(key_node, key_path, "duplicate key '" + key + "'; keep only one");
+        fail(key_node, key_path, "duplicate key " + quoted(key) + "; keep only one");
         continue;
       }
       if (std::begin(allowed) != std::end(allowed) &&
           std::find(std::begin(allowed), std::end(allowed), key) == std::end(allowed)) {
         fail(key_node, key_path,
-             "unknown " + std::string(what_key) + " '" + key + "'; allowed keys: " +
+             "unknown " + std::string(what_key) + " " + quoted(key) + "; allowed keys: " +
                  join(allowed) + did_you_mean(key, allowed));
         continue;
       }
@@ -135,11 +139,11 @@ class Parser {
     int value = 0;
     const auto result = std::from_chars(text.data(), text.data() + text.size(), value);
     if (result.ec != std::errc() || result.ptr != text.data() + text.size()) {
-      fail(node, path, "expected an integer, got '" + text + "'; " + supported);
+      fail(node, path, "expected an integer, got " + quoted(text) + "; " + supported);
       return kRecipeVersion;
     }
     if (value != kRecipeVersion)
-      fail(node, path, "recipe version " + text + " is not supported; " + supported +
+      fail(node, path, "recipe version " + printable(text) + " is not supported; " + supported +
                            " (use a newer qrecipe, or write the recipe in version " +
                            std::to_string(kRecipeVersion) + ")");
     return value;
@@ -274,7 +278,7 @@ class Parser {
           std::end(kTensorTypes)) {
         const YAML::Node item = node.IsSequence() ? node[i] : node;
         fail(item, node.IsSequence() ? path + "[" + std::to_string(i) + "]" : path,
-             "unknown tensor_type '" + value + "'; allowed: " + join(kTensorTypes) +
+             "unknown tensor_type " + quoted(value) + "; allowed: " + join(kTensorTypes) +
                  did_you_mean(value, kTensorTypes));
       }
     }
@@ -288,7 +292,7 @@ class Parser {
       if (!why.empty())
         fail(node.IsSequence() ? node[i] : node,
              node.IsSequence() ? path + "[" + std::to_string(i) + "]" : path,
-             "bad name glob '" + out[i] + "': " + why);
+             "bad name glob " + quoted(out[i]) + ": " + why);
     }
     return out;
   }
@@ -336,8 +340,8 @@ class Parser {
       fail(node, path, "missing required key 'format' (a format name such as float8, or none)");
     } else if (out.is_none() && !out.options.empty()) {
       fail(node[out.options.front().first], child_path(path, out.options.front().first),
-           "format none keeps high precision and takes no options; remove '" +
-               out.options.front().first + "'");
+           "format none keeps high precision and takes no options; remove " +
+               quoted(out.options.front().first));
     }
     return out;
   }
@@ -349,13 +353,14 @@ class Parser {
 
 // Problems of a parse, thrown as one RecipeError: the first problem's location, then every
 // other problem on its own line, so one run shows them all.
-[[noreturn]] void throw_problems(const std::vector<Problem>& problems) {
+[[noreturn]] void throw_problems(const std::vector<Problem>& problems, bool stopped) {
   const Problem& first = problems.front();
   std::string message = first.text();
   if (problems.size() > 1) {
     for (std::size_t i = 1; i < problems.size(); ++i)
       message += "\n" + problems[i].location.str() + ": " + problems[i].text();
-    message += "\n(" + std::to_string(problems.size()) + " problems in all)";
+    message += "\n(" + std::to_string(problems.size()) + " problems" +
+               (stopped ? "; the parser stopped there, fix these first)" : " in all)");
   }
   throw RecipeError(first.location, message);
 }
@@ -365,12 +370,14 @@ class Parser {
 ParsedRecipe parse_recipe_text(const std::string& yaml_text, const std::string& source_name) {
   std::vector<YAML::Node> documents;
   try {
+    // Limits first: the nodes built below are walked, aliases expanded, by the parser.
+    check_yaml_limits(yaml_text, source_name);
     documents = YAML::LoadAll(yaml_text);
   } catch (const YAML::Exception& e) {
     // e.mark is 0-based; e.msg is the parser's message without the position prefix.
     SourceLocation where{source_name, 0, 0};
     if (!e.mark.is_null()) where = {source_name, e.mark.line + 1, e.mark.column + 1};
-    throw RecipeError(where, "YAML syntax error: " + e.msg);
+    throw RecipeError(where, "YAML syntax error: " + printable(e.msg));
   }
   if (documents.empty())
     throw RecipeError({source_name, 1, 1}, "the recipe is empty; a recipe needs at least "
@@ -380,8 +387,14 @@ ParsedRecipe parse_recipe_text(const std::string& yaml_text, const std::string& 
     throw RecipeError(parser.at(documents[1]),
                       "a recipe file holds one YAML document, found " +
                           std::to_string(documents.size()) + "; remove the extra '---'");
-  ParsedRecipe parsed = parser.recipe(documents.front());
-  if (!parser.problems().empty()) throw_problems(parser.problems());
+  ParsedRecipe parsed;
+  bool stopped = false;
+  try {
+    parsed = parser.recipe(documents.front());
+  } catch (const TooManyProblems&) {
+    stopped = true;
+  }
+  if (!parser.problems().empty()) throw_problems(parser.problems(), stopped);
   return parsed;
 }
 
