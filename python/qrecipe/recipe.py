@@ -120,14 +120,23 @@ class Recipe:
         ``{"version": 1, "name": "fp8", "defaults": {"format": "float8"}}``.
 
         The dictionary is written out as indented JSON (which is YAML) and parsed by the
-        engine, so errors are exactly the file errors, located in that text."""
+        engine, so errors are exactly the file errors, located in that text. Any Unicode
+        text is taken: characters outside the BMP are written as themselves (JSON's
+        surrogate-pair escapes are not YAML), control characters as JSON escapes."""
         if not isinstance(recipe, dict):
             raise TypeError(f"Recipe.from_dict takes a dict, got {type(recipe).__name__}")
         try:
-            text = json.dumps(recipe, indent=2)
+            text = json.dumps(recipe, indent=2, ensure_ascii=False)
         except TypeError as error:
             raise TypeError(f"Recipe.from_dict: the dictionary holds a value that is not a "
                             f"string, number, bool, list or dict ({error})") from None
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            bad = text[error.start:error.end].encode("unicode_escape").decode("ascii")
+            raise ValueError(f"Recipe.from_dict: the dictionary holds text that is not valid "
+                             f"Unicode (a lone surrogate {bad}, e.g. from a badly decoded "
+                             f"file name); fix the string") from None
         return cls.from_yaml(text, source_name, validate=validate)
 
     @classmethod
@@ -327,7 +336,11 @@ class Recipe:
         if not isinstance(state, dict) or "scaling_states" not in state:
             raise ValueError("Recipe.load_state_dict takes the dict Recipe.state_dict() "
                              "returned (with a 'scaling_states' list)")
-        states = [state_from_checkpoint(s) for s in state["scaling_states"]]
+        if not isinstance(state["scaling_states"], list):
+            raise ValueError(f"Recipe.load_state_dict: scaling_states has type "
+                             f"{type(state['scaling_states']).__name__}; expected a list")
+        states = [state_from_checkpoint(s, f"scaling_states[{i}]")
+                  for i, s in enumerate(state["scaling_states"])]
         for s in states:
             self.engine.resolve(*_C.role_of_owner(s["owner"]))
         try:

@@ -157,6 +157,13 @@ class Engine {
   };
   ScalingValues scaling_values(std::size_t index) const;
   void set_scaling_values(std::size_t index, const ScalingValues& values);
+  // Throws (naming the state's owner and the key) unless `values` could be state `index`'s:
+  // the history length matches; the scale is finite and > 0; scale_inv is exactly
+  // 1.0f / scale (the IEEE float division the update computes); every amax is >= 0 and not
+  // NaN (+inf is kept: an input holding inf records it, and it freezes the scale for the
+  // history's length). set_scaling_values checks this first; a loader of several states
+  // checks them all before writing any.
+  void check_scaling_values(std::size_t index, const ScalingValues& values) const;
 
   // Called through the host table (host_api.cpp) for the quantizer this thread is creating
   // (make_quantizer), with its owner and its spec's `share` name. A state with a
