@@ -5,6 +5,7 @@
 #      when torch is importable) + ctest
 #   3. pytest: the adapter suites (tests/python) against the main build tree
 #   4. sanitizer build (ASan + UBSan, no CUDA, no Python extension) + ctest
+#   5. ThreadSanitizer build of the CPU engine and its multi-threaded suite (tools/tsan.sh)
 # Each stage prints its duration. Exit status is non-zero if any stage fails.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -49,5 +50,8 @@ if [[ "${QRECIPE_SKIP_SANITIZE:-0}" != 1 ]]; then
   stage ctest-sanitize env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir "$root/build-sanitize" --output-on-failure -j "$(nproc)"
+fi
+if [[ "${QRECIPE_SKIP_TSAN:-0}" != 1 ]]; then
+  stage tsan bash tools/tsan.sh
 fi
 echo "all tests passed"

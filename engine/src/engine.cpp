@@ -77,6 +77,12 @@ std::shared_ptr<Quantizer> Engine::resolve(const QuantizerRole& role) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = cache_.find(role); it != cache_.end()) return it->second;
   }
+  // One creation at a time (recursive: a factory may resolve another role on this thread).
+  std::lock_guard<std::recursive_mutex> creating(resolve_mutex_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);  // another thread may have made it meanwhile
+    if (auto it = cache_.find(role); it != cache_.end()) return it->second;
+  }
   auto [spec, origin] = spec_for(role);
   std::shared_ptr<Quantizer> q;
   try {

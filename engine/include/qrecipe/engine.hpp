@@ -2,8 +2,11 @@
 // per role) and owns the shared delayed-scaling state (DESIGN.md sections 2 and 3).
 //
 // Lifetime: quantizers returned by resolve() reference the engine's scaling state; keep the
-// Engine alive while they are used. Thread safety: resolve() and make_quantizer() lock;
-// update_scaling() must not run concurrently with quantize calls that use the state.
+// Engine alive while they are used. Thread safety: resolve() and make_quantizer() may be called
+// from any threads (resolve makes one quantizer per role however many threads ask); quantize
+// calls on one quantizer may run concurrently (a delayed-scaling quantizer max-accumulates its
+// step amax atomically on the CPU); update_scaling() and set_scaling_values() must not run
+// concurrently with quantize calls that use the states (tests/test_threads.cpp).
 #pragma once
 
 #include <cstdint>
@@ -206,6 +209,12 @@ class Engine {
   std::shared_ptr<Allocator> allocator_;
   FactoryResolver factory_resolver_;
   std::mutex mutex_;
+  // Serializes resolve()'s creations: two threads resolving one role must not both create a
+  // quantizer (the loser's scaling state would stay behind as an orphan with the same owner).
+  // Not mutex_: creating a quantizer takes mutex_ (scaling states) and may nest creations (a
+  // hybrid's halves through the host table, through make_quantizer). Recursive: a factory
+  // rule's resolver may resolve another role on the same thread.
+  std::recursive_mutex resolve_mutex_;
   std::unordered_map<QuantizerRole, std::shared_ptr<Quantizer>> cache_;
   std::unordered_map<QuantizerRole, std::string> origins_;
   std::vector<std::unique_ptr<ScalingState>> states_;

@@ -366,7 +366,9 @@ inline void check_host(qr_status status, std::string_view context) {
     if (host == nullptr || host->abi_version != QR_PLUGIN_ABI_VERSION ||                        \
         host->struct_size < sizeof(qr_host_api))                                                \
       return nullptr;                                                                           \
-    ::qrecipe::sdk::host() = host;                                                              \
+    /* Written once: later loads (another Registry) pass the same table, and a write would   \
+       race with the reads of quantize calls running on other threads. */                     \
+    if (::qrecipe::sdk::host() != host) ::qrecipe::sdk::host() = host;                         \
     return &descriptor;                                                                         \
   }
 

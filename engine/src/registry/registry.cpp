@@ -181,6 +181,10 @@ std::shared_ptr<const FormatPlugin> Registry::load_file(const std::string& path)
   auto& entry = library->get<std::remove_pointer_t<qr_plugin_entry_fn>>(QR_PLUGIN_ENTRY_SYMBOL);
   const qr_plugin_descriptor* d = nullptr;
   try {
+    // One entry call at a time in the process: registries built on several threads load the
+    // same plugins, and an entry (the SDK's records the host table) need not be reentrant.
+    static std::mutex entry_mutex;
+    const std::lock_guard<std::mutex> lock(entry_mutex);
     d = entry(host_api());
   } catch (...) {
     // A C entry point must not throw; if a C++ one does anyway, report it instead of dying.
