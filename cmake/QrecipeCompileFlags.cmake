@@ -20,3 +20,12 @@ if(QRECIPE_TSAN)
   target_compile_options(qrecipe_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=thread -fno-omit-frame-pointer>)
   target_link_options(qrecipe_flags INTERFACE -fsanitize=thread)
 endif()
+# Fuzzing: coverage instrumentation on every target (engine, plugins), so libFuzzer is guided by
+# the code a recipe reaches; the fuzz executables add the libFuzzer driver (tests/fuzz).
+if(QRECIPE_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "QRECIPE_FUZZ needs clang (libFuzzer): configure with "
+                        "-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang")
+  endif()
+  target_compile_options(qrecipe_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link>)
+endif()

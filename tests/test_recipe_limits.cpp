@@ -174,7 +174,9 @@ TEST_CASE("deep nesting is refused at the node that is too deep, before yaml-cpp
   // Well-formed (closed) nesting: an unclosed one is a syntax error anyway, and yaml-cpp's
   // positions there are its scanner's, not the node's.
   const std::pair<std::string, std::string> kinds[] = {{"[", "]"}, {"{a: ", "}"}};
-  for (const auto& [open, close] : kinds) {
+  for (const auto& kind : kinds) {
+    const std::string& open = kind.first;
+    const std::string& close = kind.second;
     CAPTURE(open);
     std::string yaml = "version: 1\ndefaults: ";
     for (int i = 0; i < 600; ++i) yaml += open;

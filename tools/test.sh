@@ -4,7 +4,9 @@
 #   2. main build (CUDA sources compiled and linked when nvcc is present; the PyTorch extension
 #      when torch is importable) + ctest
 #   3. pytest: the adapter suites (tests/python) against the main build tree
-#   4. sanitizer build (ASan + UBSan, no CUDA, no Python extension) + ctest
+#   4. sanitizer build (clang, ASan + UBSan, no CUDA, no Python extension, with the libFuzzer
+#      targets) + ctest, then each fuzz target for QRECIPE_FUZZ_SECONDS (default 60) seconds
+#      (tools/fuzz.sh)
 #   5. ThreadSanitizer build of the CPU engine and its multi-threaded suite (tools/tsan.sh)
 # Each stage prints its duration. Exit status is non-zero if any stage fails.
 set -euo pipefail
@@ -43,13 +45,21 @@ else
   echo "=== [pytest] SKIPPED: torch is not importable by $PY (the adapter was not built)"
 fi
 if [[ "${QRECIPE_SKIP_SANITIZE:-0}" != 1 ]]; then
+  # clang (tools/setup.sh installs it), so that the same build holds the libFuzzer targets. A
+  # build directory configured with another compiler is configured afresh.
+  sanitize_cache="$root/build-sanitize/CMakeCache.txt"
+  if [[ -f "$sanitize_cache" ]] && ! grep -q '^CMAKE_CXX_COMPILER:[A-Z]*=.*clang' "$sanitize_cache"; then
+    rm -rf "$sanitize_cache" "$root/build-sanitize/CMakeFiles"
+  fi
   stage build-sanitize env BUILD_DIR="$root/build-sanitize" QRECIPE_CUDA=OFF BUILD_TYPE=Debug \
-    bash tools/build.sh -DQRECIPE_SANITIZE=ON -DQRECIPE_PYTHON=OFF
+    CC=clang CXX=clang++ bash tools/build.sh -DQRECIPE_SANITIZE=ON -DQRECIPE_FUZZ=ON \
+    -DQRECIPE_PYTHON=OFF
   # LeakSanitizer: plugins are never unloaded by design (DESIGN.md section 4), so their
   # one-time allocations are not leaks; detect_leaks stays on for everything else.
   stage ctest-sanitize env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir "$root/build-sanitize" --output-on-failure -j "$(nproc)"
+  stage fuzz env BUILD_DIR="$root/build-sanitize" bash tools/fuzz.sh
 fi
 if [[ "${QRECIPE_SKIP_TSAN:-0}" != 1 ]]; then
   stage tsan bash tools/tsan.sh
