@@ -297,6 +297,17 @@ TEST_CASE("check: valid option combinations stay valid") {
             .empty());
 }
 
+TEST_CASE("check: a share on a quantizer without scaling state fails at check; factory rules wait") {
+  require_formats();
+  const std::string text = check_text("version: 1\ndefaults: {format: mxfp8, share: weights}\n");
+  CHECK_CONTAINS(text, "<test>:2:11: defaults: share: ");
+  CHECK_CONTAINS(text, "keeps no scaling state");
+  CHECK_FALSE(contains(text, "<code>"));
+  // A rule delegating to a factory has no spec until a role asks (the engine validates what
+  // the factory returns then): the check leaves it alone.
+  CHECK(check_text("version: 1\nrules:\n  - match: {}\n    factory: my.module:pick\n").empty());
+}
+
 // ---------------------------------------------------------------- 5. fuzz regressions
 
 TEST_CASE("every fuzz regression input gives a result or a qrecipe::Error") {

@@ -41,6 +41,12 @@ std::string probe(Engine& engine, const QuantizerSpec& located, const QuantizerR
                " direction that the GEMMs of role " + role.str() + " need: " + e.message();
       }
     }
+  } catch (const RecipeError& e) {
+    // The engine's own refusals (a `share` on a quantizer without scaling state) carry a
+    // location, here the empty one: keep just the words.
+    const std::string prefix = e.location().str() + ": ";
+    const std::string& message = e.message();
+    return message.rfind(prefix, 0) == 0 ? message.substr(prefix.size()) : message;
   } catch (const Error& e) {
     return e.message();
   }
