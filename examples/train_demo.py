@@ -8,9 +8,16 @@ The model is a 3-layer MLP (GELU) learning a fixed random "teacher" MLP from syn
 Gaussian inputs. Two copies start from the same weights and see the same batches: one in
 plain PyTorch (FP32, or BF16 with --baseline-dtype bfloat16), one converted with
 qrecipe.convert and run under qrecipe.autocast. The loss is printed every 10 steps for both.
+
+    python3 examples/train_demo.py --telemetry out/     # numerics of the quantized run
+
+--telemetry DIR gathers qrecipe.telemetry every 10th quantization of each role during the
+qrecipe run, writes DIR/telemetry.csv and DIR/telemetry.jsonl, prints the layers that
+saturate most and plots their saturation over the run to DIR/saturation.png (matplotlib).
 """
 import argparse
 import copy
+import os
 import time
 
 import torch
@@ -67,6 +74,9 @@ def main():
     parser.add_argument("--device", default="cpu",
                         help="cpu (the reference path) or cuda (the plugins' kernels and "
                              "cuBLASLt; needs qrecipe built against a CUDA torch)")
+    parser.add_argument("--telemetry", metavar="DIR", default=None,
+                        help="gather qrecipe.telemetry during the qrecipe run and write the "
+                             "table and a saturation plot of the worst layers into DIR")
     args = parser.parse_args()
     device = torch.device(args.device)
 
@@ -92,6 +102,8 @@ def main():
     base_losses = train(baseline, batches(args.steps, args.batch, teacher, d_in, 1, device),
                         args.lr, dtype=base_dtype)
     t1 = time.perf_counter()
+    if args.telemetry:
+        qrecipe.telemetry.enable(every=10)
     q_losses = train(quantized, batches(args.steps, args.batch, teacher, d_in, 1, device),
                      args.lr, recipe=recipe, dtype=q_dtype)
     t2 = time.perf_counter()
@@ -106,6 +118,43 @@ def main():
           f"{q_losses[0] / q_losses[-1]:.1f}x under the recipe")
     print(f"time on {device}: baseline {t1 - t0:.1f} s, qrecipe {t2 - t1:.1f} s" +
           (" (CPU reference GEMMs: exact, not fast)" if device.type == "cpu" else ""))
+    if args.telemetry:
+        qrecipe.telemetry.disable()
+        report_telemetry(args.telemetry)
+
+
+def report_telemetry(out_dir, worst=4):
+    """The table as CSV / JSONL, the roles that saturate most, and their saturation over the
+    run as a plot."""
+    os.makedirs(out_dir, exist_ok=True)
+    table = qrecipe.telemetry.table()
+    table.to_csv(os.path.join(out_dir, "telemetry.csv"))
+    table.to_jsonl(os.path.join(out_dir, "telemetry.jsonl"))
+    top = table.worst("saturated", worst)
+    print(f"\ntelemetry: {len(table)} observations in {out_dir}/telemetry.csv; the {len(top)} "
+          "roles that saturate most (their worst observation):")
+    print(top)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no saturation plot: matplotlib is not installed (pip install matplotlib); the "
+              "CSV holds the same numbers")
+        return
+    by_role = table.by_role()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for row in top:
+        rows = by_role[row["role"]]
+        ax.plot([r["call"] for r in rows], [100 * r["saturated"] for r in rows],
+                marker="o", label=row["role"])
+    ax.set_xlabel("quantization of the role (call)")
+    ax.set_ylabel("saturated elements (%)")
+    ax.set_title("qrecipe telemetry: the layers that saturate most")
+    ax.legend(fontsize="small")
+    path = os.path.join(out_dir, "saturation.png")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    print(f"saturation plot: {path}")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@
 #   build      unpack, configure unless $BUILD_DIR/CMakeCache.txt exists, build everything
 #   test       ctest -j8 (every suite, the test_gpu_parity_<format> entries included)
 #   bench      bench_quantize --out $OUT/bench.json, bench_gemm --out $OUT/bench_gemm.json,
-#              bench/bench_linear.py --out $OUT/bench_linear.json and
-#              bench/bench_grouped_linear.py --out $OUT/bench_grouped_linear.json (when the
+#              bench/bench_linear.py --out $OUT/bench_linear.json,
+#              bench/bench_grouped_linear.py --out $OUT/bench_grouped_linear.json,
+#              and bench/bench_telemetry.py --out $OUT/bench_telemetry.json (when the
 #              adapter is built)
 #   llama      bench/bench_hf_llama.py --out $OUT/bench_hf_llama.json: a Hugging Face Llama
 #              step with Llama-3-8B layer shapes, BF16 / torchao / qrecipe, eager and compiled
@@ -324,6 +325,9 @@ do_bench() {
       # shellcheck disable=SC2086  # BENCH_GROUPED_ARGS is a list of words on purpose
       PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_grouped_linear.py" \
         --out "$OUT/bench_grouped_linear.json" ${BENCH_GROUPED_ARGS:-} || rc=1
+      # What qrecipe.telemetry costs off and on (bench/bench_telemetry.py).
+      PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_telemetry.py" \
+        --out "$OUT/bench_telemetry.json" || rc=1
     fi
   fi
   merge_results || rc=1

@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import torch
 
 from . import factories as _factories
+from . import telemetry as _telemetry
 from ._engine import _C
 from .quantization import QuantizedTensor, Quantizer, Usage, check_source
 from .roles import TENSOR_TYPES, model_gemms, resolving
@@ -101,6 +102,10 @@ class Recipe:
         # Counts the changes of the delayed scales (updates, loads): a weight quantized and
         # kept under one value is stale under the next (nn/weight_cache.py).
         self.scaling_generation = 0
+        # The `telemetry:` key (telemetry.py): None, or what to gather under this recipe.
+        self.telemetry: Optional[_telemetry.Settings] = \
+            _telemetry.settings_of_recipe(cpp.telemetry())
+        _telemetry.note_recipe(self, self.telemetry)
 
     # ---------------------------------------------------------------- construction
     @classmethod

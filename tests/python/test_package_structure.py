@@ -28,7 +28,7 @@ PACKAGE_DIR = REPO / "python" / "qrecipe"
 GROUND_FLOOR = {"qrecipe._engine", "qrecipe.quantization", "qrecipe.scaling_state",
                 "qrecipe.roles", "qrecipe.formats", "qrecipe.factories",
                 "qrecipe.recipe", "qrecipe.autocasting", "qrecipe.quantized_param",
-                "qrecipe.checkpointing", "qrecipe.recomputation"}
+                "qrecipe.checkpointing", "qrecipe.recomputation", "qrecipe.telemetry"}
 TOP = {"qrecipe", "qrecipe.convert", "qrecipe.parallel"}
 SUBPACKAGES = ("nn", "optim", "distributed")
 EXTENSIONS = {"qrecipe._C"}  # compiled, imports nothing of the package

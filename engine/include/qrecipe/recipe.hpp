@@ -83,6 +83,17 @@ struct RecipeRule {
   std::string decision_str() const { return delegates() ? "factory " + factory : quantizer.str(); }
 };
 
+// `telemetry: {every: N, roles: [glob, ...]}`: which quantizations the adapter gathers
+// numerics statistics of (docs/adapter.md, telemetry). The engine parses and checks the key;
+// the statistics are the adapter's. `roles` are globs on the role string
+// "module_type:tensor_type@name" (empty: every role).
+struct TelemetrySettings {
+  int every = 0;  // every N-th quantization of a role; 0: the recipe has no telemetry key
+  std::vector<std::string> roles;
+  SourceLocation location;
+  bool enabled() const { return every > 0; }
+};
+
 class Recipe {
  public:
   // Throws RecipeError, or Error when the file is unreadable, not a regular file (a FIFO, a
@@ -109,6 +120,7 @@ class Recipe {
   const std::string& source() const { return source_; }
   const QuantizerSpec& defaults() const { return defaults_; }
   const std::vector<RecipeRule>& rules() const { return rules_; }
+  const TelemetrySettings& telemetry() const { return telemetry_; }
 
   // Index of the first matching rule, or -1 when the defaults apply.
   int match(const QuantizerRole& role) const;
@@ -132,6 +144,7 @@ class Recipe {
   std::string source_;
   QuantizerSpec defaults_;
   std::vector<RecipeRule> rules_;
+  TelemetrySettings telemetry_;
   bool validated_ = false;
 };
 

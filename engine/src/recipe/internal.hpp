@@ -30,6 +30,8 @@ constexpr std::size_t kMaxRecipeBytes = kRecipeMaxBytes;
 constexpr int kMaxYamlDepth = kRecipeMaxDepth;
 constexpr std::uint64_t kMaxYamlNodes = kRecipeMaxNodes;
 constexpr std::size_t kMaxProblems = kRecipeMaxProblems;
+// The largest `telemetry: every:` accepted (larger values are refused, not clamped).
+constexpr int kMaxTelemetryEvery = 1000000000;
 
 // Recipe's private parts for the implementation files.
 struct RecipeAccess {
@@ -117,6 +119,7 @@ struct ParsedRecipe {
   int version = kRecipeVersion;
   QuantizerSpec defaults;
   std::vector<RecipeRule> rules;
+  TelemetrySettings telemetry;
 };
 
 // Throws RecipeError (file:line:column of the crossing) when the text is larger than

@@ -20,7 +20,8 @@ namespace qrecipe::recipe_internal {
 namespace {
 
 constexpr std::string_view kTopLevelKeys[] = {"version", "name", "description", "defaults",
-                                              "rules"};
+                                              "rules", "telemetry"};
+constexpr std::string_view kTelemetryKeys[] = {"every", "roles"};
 constexpr std::string_view kRuleKeys[] = {"match", "quantizer", "factory"};
 constexpr std::string_view kMatchKeys[] = {"module_type", "tensor_type", "name"};
 
@@ -66,6 +67,8 @@ class Parser {
                        out.defaults = spec(value, path);
                      } else if (key == "rules") {
                        out.rules = rules(value, path);
+                     } else if (key == "telemetry") {
+                       out.telemetry = telemetry(value, path);
                      }
                    });
     if (!has_version)
@@ -146,6 +149,50 @@ class Parser {
       fail(node, path, "recipe version " + printable(text) + " is not supported; " + supported +
                            " (use a newer qrecipe, or write the recipe in version " +
                            std::to_string(kRecipeVersion) + ")");
+    return value;
+  }
+
+  // `telemetry: {every: N, roles: [glob, ...]}`: N a positive integer (required), roles
+  // globs on "module_type:tensor_type@name" (optional: every role).
+  TelemetrySettings telemetry(const YAML::Node& node, const std::string& path) {
+    TelemetrySettings out;
+    out.location = at(node);
+    if (!node.IsMap()) {
+      fail(node, path, "expected a map {every: N, roles: [glob, ...]}, got " +
+                           describe_node(node));
+      return out;
+    }
+    bool has_every = false;
+    for_each_entry(node, path, kTelemetryKeys, "telemetry key",
+                   [&](const std::string& key, const YAML::Node& value, const std::string& key_path) {
+                     if (key == "every") {
+                       has_every = true;
+                       out.every = every(value, key_path);
+                     } else if (key == "roles") {
+                       out.roles = globs(value, key_path);
+                     }
+                   });
+    if (!has_every)
+      fail(node, path, "missing key 'every': how often to gather the statistics (`every: 1` for "
+                       "every quantization, `every: 100` for every 100th of each role)");
+    return out;
+  }
+
+  int every(const YAML::Node& node, const std::string& path) {
+    const std::string expected = "expected a positive integer (1 to " +
+                                 std::to_string(kMaxTelemetryEvery) + ")";
+    if (!node.IsScalar()) {
+      fail(node, path, expected + ", got " + describe_node(node));
+      return 0;
+    }
+    const std::string& text = node.Scalar();
+    int value = 0;
+    const auto result = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (result.ec != std::errc() || result.ptr != text.data() + text.size() || value < 1 ||
+        value > kMaxTelemetryEvery) {
+      fail(node, path, expected + ", got " + quoted(text));
+      return 0;
+    }
     return value;
   }
 

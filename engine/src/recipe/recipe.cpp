@@ -98,6 +98,7 @@ Recipe Recipe::parse(const std::string& yaml_text, const std::string& source_nam
   recipe.source_ = source_name;
   recipe.defaults_ = std::move(parsed.defaults);
   recipe.rules_ = std::move(parsed.rules);
+  recipe.telemetry_ = std::move(parsed.telemetry);
   return recipe;
 }
 
