@@ -338,7 +338,7 @@ TEST_CASE("unknown top-level key: lists the allowed keys") {
   const std::string path = fixture("bad_unknown_top_key.yaml");
   CHECK(std::string(load_error(path).what()) ==
         path + ":3:1: rule: unknown top-level key 'rule'; allowed keys: version, name, "
-               "description, defaults, rules; did you mean 'rules'?");
+               "description, defaults, rules, telemetry; did you mean 'rules'?");
 }
 
 TEST_CASE("rules that are not a list") {
@@ -393,7 +393,7 @@ TEST_CASE("more structural problems, inline") {
         "r.yaml:3:1: a recipe file holds one YAML document, found 2; remove the extra '---'");
   CHECK(message("- version: 1\n") ==
         "r.yaml:1:1: a recipe is a YAML map with the keys version, name, description, "
-        "defaults, rules; got a list");
+        "defaults, rules, telemetry; got a list");
   CHECK(message("version: 1\nversion: 1\n") ==
         "r.yaml:2:1: version: duplicate key 'version'; keep only one");
   CHECK(message("version: 1\nname: [a, b]\n") ==
