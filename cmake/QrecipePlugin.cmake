@@ -26,8 +26,12 @@ function(qrecipe_add_plugin)
     VISIBILITY_INLINES_HIDDEN ON
     LIBRARY_OUTPUT_DIRECTORY ${QRECIPE_LIB_OUTPUT_DIR})
   target_link_libraries(${target} PRIVATE qrecipe_headers qrecipe_flags)
-  target_link_options(${target} PRIVATE
-    "LINKER:--version-script=${QRECIPE_PLUGIN_VERSION_SCRIPT}" "LINKER:--no-undefined")
+  target_link_options(${target} PRIVATE "LINKER:--version-script=${QRECIPE_PLUGIN_VERSION_SCRIPT}")
+  # --no-undefined, except where clang's sanitizers and coverage are on: clang links their
+  # runtimes into the executable only, which exports them to the modules it loads.
+  if(NOT (CMAKE_CXX_COMPILER_ID MATCHES "Clang" AND (QRECIPE_SANITIZE OR QRECIPE_FUZZ OR QRECIPE_TSAN)))
+    target_link_options(${target} PRIVATE "LINKER:--no-undefined")
+  endif()
   if(QRECIPE_WITH_CUDA AND P_CUDA_SOURCES)
     string(REPLACE ";" "," _archs "${CMAKE_CUDA_ARCHITECTURES}")
     string(REPLACE "." "" _cuda_ver "${CMAKE_CUDA_COMPILER_VERSION}")

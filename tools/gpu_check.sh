@@ -12,7 +12,8 @@
 #              bench/bench_linear.py --out $OUT/bench_linear.json and
 #              bench/bench_grouped_linear.py --out $OUT/bench_grouped_linear.json and
 #              bench/bench_fsdp.py --out $OUT/bench_fsdp.json (world size 1) and
-#              bench/bench_optimizer.py --out $OUT/bench_optimizer.json (when the adapter is
+#              bench/bench_optimizer.py --out $OUT/bench_optimizer.json and
+#              bench/bench_telemetry.py --out $OUT/bench_telemetry.json (when the adapter is
 #              built)
 #   demo       examples/char_lm_demo.py --device cuda (the demo of tools/demo.sh at its GPU size:
 #              1000 steps of a 4-block GPT) under recipes/default.yaml (native FP8 on Hopper),
@@ -372,6 +373,9 @@ do_bench() {
       # shellcheck disable=SC2086  # BENCH_OPTIMIZER_ARGS is a list of words on purpose
       PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_optimizer.py" \
         --out "$OUT/bench_optimizer.json" ${BENCH_OPTIMIZER_ARGS:-} || rc=1
+      # What qrecipe.telemetry costs off and on (bench/bench_telemetry.py).
+      PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_telemetry.py" \
+        --out "$OUT/bench_telemetry.json" || rc=1
     fi
   fi
   merge_results || rc=1

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what a fresh machine lacks to build and test qrecipe. Idempotent: a second run
 # checks and returns in seconds. Pins are exact so every machine builds the same thing.
-#   apt : yaml-cpp (recipes), Boost (Boost.DLL plugin loading), doctest (C++ tests)
+#   apt : yaml-cpp (recipes), Boost (Boost.DLL plugin loading), doctest (C++ tests), clang
+#         with its runtimes (libFuzzer, ASan/UBSan/TSan: the sanitizer, fuzz and TSan stages)
 #   pip : torch (CPU build, for the adapter), pytest, scikit-build-core (pip install of the
 #         adapter), tqdm and matplotlib (the training demo's progress bar and loss plot),
 #         cuBLASLt headers (CUDA build, compile only here)
 set -euo pipefail
 
-APT_PACKAGES=(libyaml-cpp-dev libboost-dev doctest-dev)
+APT_PACKAGES=(libyaml-cpp-dev libboost-dev doctest-dev clang libclang-rt-dev)
 PIP_PINS=("nvidia-cublas==13.1.0.3")
 if [[ "${QRECIPE_SETUP_TORCH:-1}" == 1 ]]; then
   # scikit-build-core: `pip install --no-build-isolation .` of the adapter (pyproject.toml)

@@ -36,6 +36,7 @@
 // CUDA tensors run the kernels of float8_kernels.cu when the plugin is built with CUDA and are
 // an UNSUPPORTED error otherwise; they never fall back to the CPU reference. The kernels need
 // contiguous sources; the CPU reference reads any strided view.
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -470,7 +471,13 @@ class Float8Quantizer final : public sdk::QuantizerBase {
 
   // Delayed scaling: this quantize's amax joins the step's running max in history row 0.
   void accumulate_amax(float amax) {
-    state_.amax_history[0] = std::fmax(state_.amax_history[0], amax);
+    // Atomic: quantize calls with this quantizer may run on several threads at once, and
+    // max is order-independent, so the step amax is the same however they interleave.
+    std::atomic_ref<float> row0(state_.amax_history[0]);
+    float seen = row0.load(std::memory_order_relaxed);
+    while (std::fmax(seen, amax) != seen &&
+           !row0.compare_exchange_weak(seen, std::fmax(seen, amax), std::memory_order_relaxed)) {
+    }
   }
 
   void quantize_cpu(const qr_tensor_view& src, std::uint32_t usage, qr_quantized_tensor& dst,

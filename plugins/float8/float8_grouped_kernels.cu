@@ -264,7 +264,8 @@ void launch_chunk(const GroupedCastArgs& a, GroupTable& table, cudaStream_t stre
   // At least one block per group (its scalars).
   if (columnwise) {
     const std::int64_t blocks = table.assign_first_blocks([&](const GroupEntry& e) {
-      const std::int64_t tiles = ceil_div(e.rows, T::kRows) * p.tiles_per_row;
+      // No columns: no tiles however many rows (an empty group still writes its scalars).
+      const std::int64_t tiles = a.cols == 0 ? 0 : ceil_div(e.rows, T::kRows) * p.tiles_per_row;
       return tiles < 1 ? std::int64_t{1} : tiles;
     });
     grouped_cast_transpose_kernel<In, Out>

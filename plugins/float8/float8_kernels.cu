@@ -468,7 +468,8 @@ void launch_cast_transpose(const CastTransposeArgs& a, const CastLaunch& l) {
   using Storage = typename In::Storage;
   using T = TileShape<In>;
   const std::int64_t tiles_per_row = a.cols == 0 ? 1 : (a.cols + T::kCols - 1) / T::kCols;
-  const std::int64_t tile_rows = (a.rows + T::kRows - 1) / T::kRows;
+  // No columns: no tiles however many rows (issue 19: [2^40, 0] must not launch 2^35 blocks).
+  const std::int64_t tile_rows = a.cols == 0 ? 0 : (a.rows + T::kRows - 1) / T::kRows;
   // One block per tile; an empty tensor still gets one block, which only writes scalars.
   const std::int64_t tiles = tile_rows * tiles_per_row;
   QR_CHECK(tiles <= INT_MAX, "float8 cast_transpose: ", a.rows, " x ", a.cols, " needs ", tiles,

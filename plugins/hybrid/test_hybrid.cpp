@@ -389,7 +389,11 @@ TEST_CASE("hybrid: caller amaxes go to their own side only") {
       {spec("nvfp4", {{"2d", "true"}}), spec("float8")},
       {spec("float8"), spec("float8", {{"dtype", "e5m2"}})},
       {spec("mxfp8"), spec("nvfp4", {{"2d", "true"}})}};
-  for (const auto& [row, col] : pairs) {
+  for (const auto& pair : pairs) {
+    // Not a structured binding: INFO captures by a lambda, which clang 14 does not allow on
+    // one (the clang sanitizer build compiles this file).
+    const QuantizerSpec& row = pair.first;
+    const QuantizerSpec& col = pair.second;
     INFO(row.str(), " / ", col.str());
     const auto hq = engine->make_quantizer(hybrid(row, col), role());
     const auto rq = engine->make_quantizer(row, role());
@@ -420,8 +424,10 @@ TEST_CASE("hybrid: quantize_into requantizes both sides in place") {
   const Tensor x1 = make_input(64, 128, 9);
   const Tensor x2 = make_input(64, 128, 10);
   for (const std::string source : {"input", "rowwise_dequantized"}) {
-    for (const auto& [row, col] : std::vector<std::pair<QuantizerSpec, QuantizerSpec>>{
+    for (const auto& pair : std::vector<std::pair<QuantizerSpec, QuantizerSpec>>{
              {spec("float8"), spec("mxfp8")}, {spec("blockwise"), spec("nvfp4")}}) {
+      const QuantizerSpec& row = pair.first;
+      const QuantizerSpec& col = pair.second;
       INFO(row.str(), " / ", col.str(), " ", source);
       const auto hq = engine->make_quantizer(hybrid(row, col, source), role("weight"));
       QuantizedTensor h = hq->quantize(x1.view(), kBoth);

@@ -122,6 +122,7 @@ float amax(const float* x, std::int64_t n) {
 
 std::vector<float> transpose(const float* x, std::int64_t rows, std::int64_t cols) {
   std::vector<float> out(static_cast<std::size_t>(rows * cols));
+  if (rows == 0 || cols == 0) return out;  // no data: no work, however many rows (issue 19)
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c) out[c * rows + r] = x[r * cols + c];
   return out;
@@ -131,6 +132,7 @@ std::vector<float> hadamard_transpose(const float* x, std::int64_t rows, std::in
   QR_CHECK(rows % kHadamardSize == 0, "hadamard_transpose needs rows divisible by ",
            kHadamardSize, "; got ", rows);
   std::vector<float> out(static_cast<std::size_t>(rows * cols));
+  if (rows == 0 || cols == 0) return out;
   float v[kHadamardSize];
   for (std::int64_t c = 0; c < cols; ++c) {
     for (std::int64_t r0 = 0; r0 < rows; r0 += kHadamardSize) {
@@ -148,6 +150,7 @@ void quantize_1d(const float* x, std::int64_t rows, std::int64_t cols, float ten
                  const Rounding& rounding, const DirectionOut& out) {
   clear_direction(out, rows, cols);
   *out.amax = tensor_amax;
+  if (rows == 0 || cols == 0) return;  // no data: no work, however many rows (issue 19)
   const float s_enc = encode_scale(tensor_amax);
   const float s_dec = 1.0f / s_enc;
   const std::int64_t pitch = packed_row_bytes(cols);
@@ -180,6 +183,7 @@ void quantize_2d(const float* x, std::int64_t rows, std::int64_t cols, float ten
     clear_direction(*columnwise, cols, rows);
     *columnwise->amax = tensor_amax;
   }
+  if (rows == 0 || cols == 0) return;  // no data: no work, however many rows (issue 19)
   const float s_enc = encode_scale(tensor_amax);
   const float s_dec = 1.0f / s_enc;
   const std::int64_t row_pitch = packed_row_bytes(cols), row_spitch = scale_cols(cols);
@@ -234,6 +238,7 @@ void dequantize(const std::uint8_t* data, const std::uint8_t* scales, float tens
   const std::int64_t data_cols = transposed ? rows : cols;
   const std::int64_t pitch = packed_row_bytes(data_cols);
   const std::int64_t spitch = scale_cols(data_cols);
+  if (rows == 0 || cols == 0) return;  // no data: no work, however many rows (issue 19)
   for (std::int64_t i = 0; i < data_rows; ++i) {
     for (std::int64_t j = 0; j < data_cols; ++j) {
       const std::uint8_t q = get_nibble(data + i * pitch, j);

@@ -30,6 +30,8 @@ and the layers below it, never upwards, and there are no import cycles
     recomputation    replaying a qrecipe forward when torch.utils.checkpoint (reentrant or
                      not; Hugging Face's gradient checkpointing) recomputes it in backward
     checkpointing    checkpoint(): an alias of torch's non-reentrant checkpoint
+    telemetry        opt-in per-role numerics statistics of the quantized operands (amax,
+                     scales, saturation, flush to zero, error): enable() / table()
   nn/              modules Linear, LayerNormLinear (LayerNorm / RMSNorm + Linear), LayerNormMLP
                    (norm -> fc1 -> GELU / SwiGLU / ... -> fc2), GroupedLinear (MoE experts in
                    one grouped parameter), their base QuantizedModule, the GEMM operations
@@ -53,6 +55,7 @@ from .quantization import QuantizedTensor, Quantizer
 from .recipe import Recipe, RecipeWarning, quantize
 from .roles import QuantizerRole
 from . import formats
+from . import telemetry
 from . import nn
 from . import distributed
 from . import optim
@@ -74,6 +77,7 @@ __all__ = [
     "QrecipeError", "RecipeError", "Recipe", "RecipeWarning", "QuantizerRole", "formats",
     "autocast", "current_recipe", "is_enabled",
     "convert", "quantize", "QuantizedTensor", "Quantizer", "nn", "plugins", "__version__",
+    "telemetry",
     "drop_scaling_states", "QuantizedWeight", "QuantizedParameter", "quantized_model_init",
     "distributed", "optim",
 ]

@@ -35,6 +35,7 @@
 #include <string_view>
 #include <utility>
 
+#include "qrecipe/checked.hpp"
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 
@@ -140,8 +141,10 @@ inline qr_direction_layout empty_layout(const char* format) {
   return l;
 }
 
-inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-inline std::int64_t round_up(std::int64_t a, std::int64_t m) { return ceil_div(a, m) * m; }
+// Shape arithmetic for layouts: checked (qrecipe/checked.hpp), so a shape whose padded size
+// does not fit in 64 bits is an error, never a wrapped size.
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return qrecipe::ceil_div(a, b, "layout"); }
+inline std::int64_t round_up(std::int64_t a, std::int64_t m) { return qrecipe::round_up(a, m, "layout"); }
 
 // What a plugin's quantizer implements. The engine guarantees: src is a valid view whose
 // logical 2-D shape matches dst->rows x dst->cols; each requested direction of dst has buffers
@@ -422,7 +425,9 @@ inline void check_host(qr_status status, std::string_view context) {
     if (host == nullptr || host->abi_version != QR_PLUGIN_ABI_VERSION ||                        \
         host->struct_size < sizeof(qr_host_api))                                                \
       return nullptr;                                                                           \
-    ::qrecipe::sdk::host() = host;                                                              \
+    /* Written once: later loads (another Registry) pass the same table, and a write would   \
+       race with the reads of quantize calls running on other threads. */                     \
+    if (::qrecipe::sdk::host() != host) ::qrecipe::sdk::host() = host;                         \
     return &descriptor;                                                                         \
   }
 

@@ -27,14 +27,18 @@ from ..quantization import COLUMNWISE, ROWWISE
 from ..quantized_param import QuantizedWeight
 from .linear_gemms import (LinearRoles, backward_usage, engine_bias, gemm_destination,
                            gemm_output, gemm_result, keep_columnwise, linear_backward,
-                           main_grad_of, operand, overlap_backward, stored_dgrad_operand)
+                           main_grad_of, observe_groups, operand, overlap_backward,
+                           refuse_graph_capture, stored_dgrad_operand)
 from .saved_operands import pack_all, unpack_all
 
 
 def _quantize_rows(quantizer, tensor: torch.Tensor, group_rows: List[int], usage: int):
     """Every grouped quantization of the experts' inputs and output gradients goes through
     here (tests count the calls): one QuantizedTensor per expert."""
-    return _C.quantize_grouped(quantizer, tensor, group_rows, usage)
+    refuse_graph_capture(tensor, f"grouped quantization of role {quantizer.role}")
+    quantized = _C.quantize_grouped(quantizer, tensor, group_rows, usage)
+    observe_groups(quantizer, tensor, group_rows, quantized)
+    return quantized
 
 
 @dataclass
@@ -136,6 +140,7 @@ class GroupedLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, call: GroupedCall, *params):
+        refuse_graph_capture(x, "forward", call.roles.plan.get("name", ""))
         n = len(call.splits)
         weights, biases = params[:n], params[n:]
         y, saved = grouped_forward(x, call, weights, biases or [None] * n, saving=True)
@@ -161,6 +166,7 @@ class GroupedLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         call: GroupedCall = ctx.call
+        refuse_graph_capture(dy, "backward", call.roles.plan.get("name", ""))
         n = len(call.splits)
         dense = unpack_all(ctx.saved_tensors, ctx.packed)  # (x op, W op) of each expert
         out_features = call.roles.plan["out_features"]
