@@ -51,6 +51,11 @@ class FormatPlugin {
   // The grouped-quantization extra (plugin_abi.h, QR_EXTRA_QUANTIZE_GROUPED), looked up once at
   // load; nullptr when the plugin does not provide it (Engine::quantize_grouped then loops).
   qr_quantize_grouped_fn quantize_grouped_extra() const { return quantize_grouped_; }
+  // The descriptor's tensor_scale_numerator (plugin_abi.h): how the per-tensor decode factor
+  // of this format's QR_SCALE_BLOCK_TENSOR directions follows from their amax
+  // (tensor_decode_factor in scaling.hpp). 0: the format gives none (also for a plugin whose
+  // descriptor predates the field), and such directions are decoded only by the plugin.
+  float tensor_scale_numerator() const { return tensor_scale_numerator_; }
 
  private:
   std::string path_, name_, version_, description_, cuda_archs_;
@@ -59,6 +64,7 @@ class FormatPlugin {
   std::vector<OptionSchema> options_;
   const qr_plugin_descriptor* descriptor_;
   qr_quantize_grouped_fn quantize_grouped_ = nullptr;
+  float tensor_scale_numerator_ = 0.0f;
 };
 
 }  // namespace qrecipe

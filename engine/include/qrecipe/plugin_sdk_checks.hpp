@@ -7,9 +7,9 @@
 //
 // Why a plugin checks what the engine's Quantizer checks too: the C entry points are the
 // boundary (plugin_abi.h, STYLE.md rule 4). The host table's quantizer_quantize and
-// quantizer_dequantize (how a hybrid runs its halves) and direct callers of the descriptor
-// reach a plugin without the engine's checks in front, so a plugin refuses bad arguments with
-// an error value itself instead of writing out of bounds.
+// quantizer_dequantize (how a format built from others runs its sub-quantizers) and direct
+// callers of the descriptor reach a plugin without the engine's checks in front, so a plugin
+// refuses bad arguments with an error value itself instead of writing out of bounds.
 //
 // What stays in a plugin: its layout (the `want` these checks compare with), the options and
 // sources its numerics accept, and what it needs of a stored direction it reads (the layout

@@ -1,6 +1,7 @@
 // The recipe validator (DESIGN.md section 5): each quantizer spec checked against the option
 // schema of its format's plugin (keys, types, enum choices, bounds, nested specs), every
 // problem collected with its location, and a typed copy of each valid spec.
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <optional>
@@ -104,9 +105,9 @@ class Validator {
     }
     if (nested && plugin->takes_quantizers())
       fail(in.location, child_path(path, "format"),
-           "nesting a hybrid in a hybrid: format '" + in.format +
-               "' takes nested quantizers itself, so it cannot be one; use a single format "
-               "here (e.g. {format: float8})");
+           "a nested spec cannot nest again: format '" + in.format +
+               "' takes nested quantizers itself, so it cannot be one; use a format without "
+               "quantizer options here (" + nestable_formats() + ")");
     std::set<std::string> seen;
     for (const auto& [key, value] : in.options) {
       const std::string key_path = child_path(path, key);
@@ -169,6 +170,15 @@ class Validator {
       return false;
     }
     return true;
+  }
+
+  // "loaded: a, b" for the formats a nested spec may use (those without quantizer options).
+  std::string nestable_formats() const {
+    std::vector<std::string> names;
+    for (const auto& plugin : registry_.plugins())
+      if (!plugin->takes_quantizers()) names.push_back(plugin->name());
+    std::sort(names.begin(), names.end());
+    return names.empty() ? "no such format is loaded" : "loaded: " + join(names);
   }
 
   std::string unknown_format(const std::string& format) const {
@@ -240,7 +250,7 @@ class Validator {
       case QR_OPTION_INT: return "an integer";
       case QR_OPTION_FLOAT: return "a number";
       case QR_OPTION_ENUM: return "one of " + join(schema.choices);
-      case QR_OPTION_QUANTIZER: return "a nested quantizer spec such as {format: float8}";
+      case QR_OPTION_QUANTIZER: return "a nested quantizer spec such as {format: <name>, ...}";
       default: return "a string";
     }
   }

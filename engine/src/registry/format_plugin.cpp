@@ -1,6 +1,8 @@
 // FormatPlugin: copies what the engine needs out of a plugin's C descriptor.
 #include "qrecipe/format_plugin.hpp"
 
+#include <cfloat>
+#include <cstddef>
 #include <sstream>
 
 #include "qrecipe/error.hpp"
@@ -58,6 +60,14 @@ FormatPlugin::FormatPlugin(std::string path, const qr_plugin_descriptor* d)
   if (d->get_proc_address != nullptr) {
     quantize_grouped_ =
         reinterpret_cast<qr_quantize_grouped_fn>(d->get_proc_address(QR_EXTRA_QUANTIZE_GROUPED));
+  }
+  // Fields appended after v1: read only when the plugin's descriptor reaches them.
+  if (d->struct_size >= offsetof(qr_plugin_descriptor, tensor_scale_numerator) + sizeof(float)) {
+    const float n = d->tensor_scale_numerator;
+    QR_CHECK(n == 0.0f || (n > 0.0f && n <= FLT_MAX), "plugin ", path_, " (format '", name_,
+             "') declares tensor_scale_numerator ", n, " in its descriptor; expected 0 (no "
+             "per-tensor decode factor) or a finite positive number (plugin_abi.h)");
+    tensor_scale_numerator_ = n;
   }
   QR_CHECK(d->num_options == 0 || d->options != nullptr, "plugin ", path_, " declares ",
            d->num_options, " options but no option table");
