@@ -12,6 +12,8 @@
 // them all in one run.
 #pragma once
 
+#include "internal_visibility.hpp"
+
 #include <algorithm>
 #include <charconv>
 #include <string>
@@ -21,6 +23,7 @@
 #include "qrecipe/recipe.hpp"
 #include "qrecipe/registry.hpp"
 
+QR_INTERNAL_BEGIN
 namespace qrecipe::recipe_internal {
 
 constexpr int kRecipeVersion = 1;  // the only recipe version this build reads
@@ -114,3 +117,4 @@ CheckedRecipe check_recipe(const Recipe& recipe, const Registry& registry);
 std::string more_problems(std::size_t extra, const std::string& source);
 
 }  // namespace qrecipe::recipe_internal
+QR_INTERNAL_END

@@ -7,8 +7,11 @@
 // epilogue, operation for operation (the engine is compiled with -fmad=false): see finish().
 #pragma once
 
+#include "internal_visibility.hpp"
+
 #include <cstdint>
 
+QR_INTERNAL_BEGIN
 namespace qrecipe::detail::gemm_kernels {
 
 // dst[i] = f32(src[i]) for n BF16 values (exact).
@@ -158,3 +161,4 @@ void exact_gemm_if_flagged(const ExactGemm& gemm, const ExactnessFlag& flag, int
 void write_scalars(const Scalars& scalars, void* stream);
 
 }  // namespace qrecipe::detail::gemm_kernels
+QR_INTERNAL_END
