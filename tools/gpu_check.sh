@@ -392,6 +392,36 @@ do_tp() {
 
 # ---------------------------------------------------------------- pip
 
+# `pip install --no-build-isolation` imports the build backend (scikit-build-core) from this
+# python3, and a GPU machine cannot reach an index: without it, install the wheels carried in
+# .deps/wheels (`pip download --no-deps -d .deps/wheels scikit-build-core==1.1.2 packaging
+# pathspec tomli exceptiongroup typing_extensions`, pure-Python wheels) into $BUILD_DIR-pip-tools
+# and put that on PYTHONPATH, leaving the machine's site-packages alone.
+ensure_build_backend() {
+  if python3 -c 'import scikit_build_core' 2>/dev/null; then
+    echo "scikit-build-core: $(python3 -c 'import scikit_build_core as s; print(s.__version__, s.__file__)')"
+    return 0
+  fi
+  local tools=$BUILD_DIR-pip-tools
+  shopt -s nullglob
+  local wheels=("$root"/.deps/wheels/scikit_build_core-*.whl)
+  shopt -u nullglob
+  if [[ ${#wheels[@]} -eq 0 ]]; then
+    echo "python3 has no scikit-build-core (pip install --no-build-isolation needs it) and" \
+         "$root/.deps/wheels holds no scikit_build_core-*.whl to install offline; on a machine" \
+         "with an index run: pip download --no-deps -d .deps/wheels scikit-build-core==1.1.2" \
+         "packaging pathspec tomli exceptiongroup typing_extensions, and carry .deps"
+    return 1
+  fi
+  echo "--- scikit-build-core from $root/.deps/wheels into $tools"
+  rm -rf "$tools"
+  python3 -m pip install -q --no-index --find-links "$root/.deps/wheels" --target "$tools" \
+    scikit-build-core || return 1
+  export PYTHONPATH="$tools${PYTHONPATH:+:$PYTHONPATH}"
+  python3 -c 'import scikit_build_core as s; print("scikit-build-core:", s.__version__, s.__file__)' \
+    || return 1
+}
+
 # Exactly the README's install path, on this machine's python3 and CUDA torch: a fresh target
 # directory, `pip install --no-build-isolation` of the repository (scikit-build-core runs the
 # same CMake, with the dependency arguments of the build stage), then checks that use only the
@@ -405,6 +435,7 @@ do_pip() {
     echo "the pip stage needs python3 with a CUDA torch (the adapter is built against it)"
     return 1
   fi
+  ensure_build_backend || return 1
   local nvcc cublas target=$BUILD_DIR-pip-target
   nvcc=$(find_nvcc)
   if [[ -z $nvcc ]]; then echo "nvcc not found (PATH or /usr/local/cuda/bin)"; return 1; fi
