@@ -5,7 +5,10 @@
 #      by a wrapper whose library path has a directory holding only libstdc++.a): configure
 #      notices, links the shared libstdc++ instead, and a library built there NEEDs it;
 #   2. -static-libstdc++ in the linker flags: configure stops with a message that says why and
-#      what to do.
+#      what to do;
+#   3. and tests/check_library_exports.sh (ctest library_exports) rejects what the issue found,
+#      a library with the runtime linked in statically and its std:: symbols exported, so that
+#      check cannot pass by checking nothing.
 #
 #   check_runtime_probe.sh CXX QRECIPE_SOURCE_DIR WORK_DIR
 set -uo pipefail
@@ -70,6 +73,18 @@ elif ! grep -q 'the C++ runtime would be linked statically' <<<"$out" ||
   echo "$out"; fail "configure failed (exit $rc) without saying that the runtime would be static and what to do"
 else
   echo "ok   configure refused, exit $rc: $(grep -m1 -o 'the C++ runtime would be linked statically[^.]*' <<<"$out")"
+fi
+echo "--- 3. check_library_exports.sh on a library with a static runtime"
+# plain.so (case 1's sanity build): libstdc++.a linked in, default visibility. As a plugin.
+cp "$work/plain.so" "$work/libqrecipe_static.so"
+out=$(bash "$src/tests/check_library_exports.sh" "$work/libqrecipe_static.so" 2>&1)
+rc=$?
+if ((rc != 1)) || ! grep -q 'does not NEED libstdc++.so' <<<"$out" ||
+   ! grep -qE 'exports [0-9]+ symbols of the C\+\+ runtime' <<<"$out"; then
+  echo "$out"; fail "check_library_exports.sh (exit $rc) did not report both the static runtime and its exported std:: symbols"
+else
+  echo "ok   check_library_exports.sh refused it, exit $rc:"
+  grep '^FAIL' <<<"$out" | cut -c1-160 | sed 's/^/       /'
 fi
 ((status == 0)) && echo "ok: the configure-time C++ runtime check links or refuses as it should"
 exit $status
