@@ -12,8 +12,9 @@ clock and power drifts of the GPU hit all of them alike:
   floor          what the step cannot avoid, executed: the copy of the x and W quantization
                  bytes, the raw fprop GEMM, the copy of the dy quantization bytes, the raw
                  dgrad and wgrad GEMMs. A raw GEMM is one cuBLASLt call of that GEMM's
-                 precision, layout and shape (qrecipe._C.raw_cublaslt_gemm: the engine's own
-                 cuBLASLt layer, no plan, decode or epilogue kernel) on the buffers of real
+                 precision, layout and shape (qrecipe._C.raw_cublaslt_gemm: the benchmarks'
+                 raw cuBLASLt GEMM, bench/raw_cublaslt.hpp, set up as the engine's; no plan,
+                 decode or epilogue kernel) on the buffers of real
                  quantized tensors; a GEMM that runs emulated on this device is floored at
                  the raw BF16 GEMM of its shape. A copy of B quantization bytes is torch's
                  device copy moving B bytes (read + write).

@@ -78,6 +78,9 @@ TEST_CASE("each broken plugin gives a clear failure and the others stay usable")
       {"descriptor_abi", "libqrecipe_badversion.so", "descriptor ABI version 7"},
       {"small_descriptor", "libqrecipe_small.so", "struct_size 16"},
       {"missing_slot", "libqrecipe_noslot.so", "leaves a required function slot empty"},
+      {"bad_numerator", "libqrecipe_badnumerator.so",
+       "declares tensor_scale_numerator -2688 in its descriptor; expected 0 (no per-tensor "
+       "decode factor) or a finite positive number"},
       {"missing_dependency", "libqrecipe_needsdep.so", "libqrecipe_test_missing_dep.so"},
   };
   for (const auto& c : cases) {
@@ -88,6 +91,20 @@ TEST_CASE("each broken plugin gives a clear failure and the others stay usable")
     CHECK(contains(f.path, c.file));
     CHECK_MESSAGE(contains(f.cause, c.expected), f.cause);
   }
+}
+
+TEST_CASE("a plugin built before the fields appended after v1 still loads, without them") {
+  Registry r(only({broken_dir("v1_descriptor")}));
+  REQUIRE(r.failures().empty());
+  const FormatPlugin& old = r.get("oldtoy");
+  // Its descriptor ends before tensor_scale_numerator: no per-tensor decode factor, whatever
+  // the bytes after it hold.
+  CHECK(old.tensor_scale_numerator() == 0.0f);
+  CHECK(old.c().struct_size == QR_PLUGIN_DESCRIPTOR_SIZE_V1);
+  // And a current plugin without the factor says 0 itself.
+  Registry good(only({broken_dir("good")}));
+  CHECK(good.get("toy").c().struct_size == sizeof(qr_plugin_descriptor));
+  CHECK(good.get("toy").tensor_scale_numerator() == 0.0f);
 }
 
 TEST_CASE("a missing dependency is named as such") {

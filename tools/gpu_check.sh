@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The one script for a GPU machine: build with CUDA, run every C++ suite (test_gpu_parity
-# included: CUDA == CPU bit for bit), the benchmarks and the training demo on the GPU.
+# included: CUDA == CPU bit for bit), the benchmarks, the training demo on the GPU and the
+# README's pip install path.
 #
-#   tools/gpu_check.sh [configure|build|test|bench|demo|llama|tp|fsdp|optim|all]...
-#                                         (default: all = build test bench demo llama tp fsdp)
+#   tools/gpu_check.sh [configure|build|test|bench|demo|llama|tp|fsdp|optim|pip|all]...
+#                                     (default: all = build test bench demo llama tp fsdp pip)
 #
 #   configure  unpack .deps and configure only (build does this too when needed)
 #   build      unpack, configure unless $BUILD_DIR/CMakeCache.txt exists, build everything
@@ -46,6 +47,12 @@
 #              torch.optim.AdamW(fused=True) + quantize per parameter, vs TE's order), its
 #              table in $OUT/optim.md. The test and bench stages run the same suites among
 #              the others.
+#   pip        the README's install path (issue 23): `pip install --no-build-isolation` of the
+#              repository into a fresh --target directory ($BUILD_DIR-pip-target; its CMake
+#              build in $BUILD_DIR-pip, kept between calls), then tests/check_library_exports.sh
+#              on the installed libraries (shared libstdc++, API-only exports) and, with only
+#              that directory on PYTHONPATH, tools/pip_smoke.py: a CUDA qrecipe.nn.Linear
+#              forward+backward and a GroupedLinear forward under every shipped recipe
 #
 # It needs nvcc, cmake (>= 3.24), ninja (or make) and python3 on the machine, and the Debian
 # packages of the other dependencies in .deps/ (libyaml-cpp-dev, libyaml-cpp0.7,
@@ -73,7 +80,8 @@
 #                        "--recipe recipes/default.yaml --steps 300")
 #   BENCH_OPTIMIZER_ARGS extra arguments for bench_optimizer.py (e.g. "--recipes default,mxfp8")
 #   QRECIPE_GPU_PYTHON   0: do not build the PyTorch adapter (default: built when python3 has
-#                        a CUDA torch; then the test stage also runs pytest tests/python)
+#                        a CUDA torch; then the test stage also runs pytest tests/python).
+#                        The pip stage needs a CUDA torch whatever this says
 #   CMAKE_ARGS           extra arguments for the configure step
 #   QRECIPE_COMMIT       recorded in bench.json (default: git rev-parse HEAD, or "unknown")
 #
@@ -99,10 +107,10 @@ MULTIARCH=x86_64-linux-gnu
 
 stages=("$@")
 [[ ${#stages[@]} -eq 0 ]] && stages=(all)
-if [[ " ${stages[*]} " == *" all "* ]]; then stages=(build test bench demo llama tp fsdp); fi
+if [[ " ${stages[*]} " == *" all "* ]]; then stages=(build test bench demo llama tp fsdp pip); fi
 for s in "${stages[@]}"; do
-  case $s in configure|build|test|bench|demo|llama|tp|fsdp|optim) ;;
-    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, demo, llama, tp, fsdp, optim, all)" >&2
+  case $s in configure|build|test|bench|demo|llama|tp|fsdp|optim|pip) ;;
+    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, demo, llama, tp, fsdp, optim, pip, all)" >&2
        exit 2 ;;
   esac
 done
@@ -201,34 +209,22 @@ PY
   [[ -n $c ]] && echo "$c"
 }
 
-# Some GPU images carry a compiler (e.g. /opt/gcc) that has libstdc++.a but no libstdc++.so,
-# so g++ links the C++ runtime statically into every library. libqrecipe.so loaded into a
-# Python process that already holds the shared libstdc++ (torch's) then runs two copies of it
-# (iostream locale state included) and crashes. A directory holding only a libstdc++.so link
-# to the system's shared runtime, first on the linker's path, makes every link use it.
-libstdcxx_link_flags() {
-  local runtime
-  runtime=$(ls /lib/$MULTIARCH/libstdc++.so.6 /usr/lib/$MULTIARCH/libstdc++.so.6 2>/dev/null | head -n 1)
-  if [[ -z $runtime ]]; then echo "warning: no shared libstdc++.so.6 found" >&2; return 0; fi
-  mkdir -p "$DEPS/libstdcxx-link" && ln -sf "$runtime" "$DEPS/libstdcxx-link/libstdc++.so"
-  echo "-L$DEPS/libstdcxx-link"
-}
-
-configure() {
-  local nvcc cublas generator=() link_flags
+find_nvcc() {
+  local nvcc
   nvcc=$(command -v nvcc || true)
   [[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
-  if [[ -z $nvcc ]]; then echo "nvcc not found (PATH or /usr/local/cuda/bin)"; return 1; fi
-  cublas=$(find_cublaslt_include)
-  echo "nvcc: $nvcc"
-  echo "cublasLt.h: ${cublas:-not found (configure will say what to do)}"
-  command -v ninja >/dev/null && generator=(-G Ninja)
-  link_flags=$(libstdcxx_link_flags)
-  echo "C++ runtime linked through: ${link_flags:-compiler default}"
+  echo "$nvcc"
+}
+
+# The -D arguments every configure of this machine needs (the build stage's and the pip
+# stage's): CUDA, the architectures and where the unpacked dependencies are. The C++ runtime
+# needs none: CMake links the shared libstdc++ itself (cmake/QrecipeRuntime.cmake), whatever
+# the compiler's default, and stops at configure time if it cannot.
+dependency_args() {
+  local nvcc=$1 cublas=$2
   local args=(
-    -S "$root" -B "$BUILD_DIR" "${generator[@]}"
     -DCMAKE_BUILD_TYPE=RelWithDebInfo
-    -DQRECIPE_CUDA=ON -DQRECIPE_PYTHON="$(python_adapter)"
+    -DQRECIPE_CUDA=ON
     -DCMAKE_CUDA_COMPILER="$nvcc"
     -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCHS"
     -DCMAKE_PREFIX_PATH="$DEPS/usr"
@@ -239,10 +235,21 @@ configure() {
     -DBoost_DIR="$DEPS/usr/lib/$MULTIARCH/cmake/Boost-1.74.0"
     -DBoost_INCLUDE_DIR="$DEPS/usr/include"
     -DBOOST_ROOT="$DEPS/usr"
-    -DCMAKE_SHARED_LINKER_FLAGS="$link_flags" -DCMAKE_MODULE_LINKER_FLAGS="$link_flags"
-    -DCMAKE_EXE_LINKER_FLAGS="$link_flags"
   )
   [[ -n $cublas ]] && args+=(-DQRECIPE_CUBLASLT_INCLUDE_DIR="$cublas")
+  printf '%s\n' "${args[@]}"
+}
+
+configure() {
+  local nvcc cublas generator=()
+  nvcc=$(find_nvcc)
+  if [[ -z $nvcc ]]; then echo "nvcc not found (PATH or /usr/local/cuda/bin)"; return 1; fi
+  cublas=$(find_cublaslt_include)
+  echo "nvcc: $nvcc"
+  echo "cublasLt.h: ${cublas:-not found (configure will say what to do)}"
+  command -v ninja >/dev/null && generator=(-G Ninja)
+  local args=(-S "$root" -B "$BUILD_DIR" "${generator[@]}" -DQRECIPE_PYTHON="$(python_adapter)")
+  mapfile -t -O "${#args[@]}" args < <(dependency_args "$nvcc" "$cublas")
   # shellcheck disable=SC2206  # CMAKE_ARGS is a list of words on purpose
   [[ -n ${CMAKE_ARGS:-} ]] && args+=(${CMAKE_ARGS})
   echo "cmake ${args[*]}"
@@ -523,6 +530,74 @@ do_optim() {
   return $rc
 }
 
+# ---------------------------------------------------------------- pip
+
+# `pip install --no-build-isolation` imports the build backend (scikit-build-core) from this
+# python3, and a GPU machine cannot reach an index: without it, install the wheels carried in
+# .deps/wheels (`pip download --no-deps -d .deps/wheels scikit-build-core==1.1.2 packaging
+# pathspec tomli exceptiongroup typing_extensions`, pure-Python wheels) into $BUILD_DIR-pip-tools
+# and put that on PYTHONPATH, leaving the machine's site-packages alone.
+ensure_build_backend() {
+  if python3 -c 'import scikit_build_core' 2>/dev/null; then
+    echo "scikit-build-core: $(python3 -c 'import scikit_build_core as s; print(s.__version__, s.__file__)')"
+    return 0
+  fi
+  local tools=$BUILD_DIR-pip-tools
+  shopt -s nullglob
+  local wheels=("$root"/.deps/wheels/scikit_build_core-*.whl)
+  shopt -u nullglob
+  if [[ ${#wheels[@]} -eq 0 ]]; then
+    echo "python3 has no scikit-build-core (pip install --no-build-isolation needs it) and" \
+         "$root/.deps/wheels holds no scikit_build_core-*.whl to install offline; on a machine" \
+         "with an index run: pip download --no-deps -d .deps/wheels scikit-build-core==1.1.2" \
+         "packaging pathspec tomli exceptiongroup typing_extensions, and carry .deps"
+    return 1
+  fi
+  echo "--- scikit-build-core from $root/.deps/wheels into $tools"
+  rm -rf "$tools"
+  python3 -m pip install -q --no-index --find-links "$root/.deps/wheels" --target "$tools" \
+    scikit-build-core || return 1
+  export PYTHONPATH="$tools${PYTHONPATH:+:$PYTHONPATH}"
+  python3 -c 'import scikit_build_core as s; print("scikit-build-core:", s.__version__, s.__file__)' \
+    || return 1
+}
+
+# Exactly the README's install path, on this machine's python3 and CUDA torch: a fresh target
+# directory, `pip install --no-build-isolation` of the repository (scikit-build-core runs the
+# same CMake, with the dependency arguments of the build stage), then checks that use only the
+# installed files.
+do_pip() {
+  print_env
+  echo "--- dependencies"
+  unpack_deps || return 1
+  runtime_env  # libyaml-cpp.so.0.7 at run time, as the README says a user needs it
+  if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    echo "the pip stage needs python3 with a CUDA torch (the adapter is built against it)"
+    return 1
+  fi
+  ensure_build_backend || return 1
+  local nvcc cublas target=$BUILD_DIR-pip-target
+  nvcc=$(find_nvcc)
+  if [[ -z $nvcc ]]; then echo "nvcc not found (PATH or /usr/local/cuda/bin)"; return 1; fi
+  cublas=$(find_cublaslt_include)
+  local cmake_args
+  cmake_args=$(dependency_args "$nvcc" "$cublas" | paste -sd ';')
+  rm -rf "$target"
+  echo "--- pip install --no-build-isolation --target $target (CMake build in $BUILD_DIR-pip)"
+  echo "SKBUILD_CMAKE_ARGS=$cmake_args"
+  QRECIPE_CUDA=ON SKBUILD_CMAKE_ARGS="$cmake_args" SKBUILD_BUILD_DIR="$BUILD_DIR-pip" \
+    CMAKE_BUILD_PARALLEL_LEVEL="$BUILD_JOBS" \
+    python3 -m pip install -v --no-build-isolation --target "$target" "$root" || return 1
+  echo "--- installed: $(ls "$target/qrecipe" | tr '\n' ' ')"
+  local rc=0
+  echo "--- exports and C++ runtime of the installed libraries (tests/check_library_exports.sh)"
+  bash "$root/tests/check_library_exports.sh" "$target/qrecipe" || rc=1
+  echo "--- smoke test with only $target on PYTHONPATH (tools/pip_smoke.py)"
+  (cd "$OUT" && PYTHONPATH="$target" python3 "$root/tools/pip_smoke.py" --device cuda \
+     --expect-under "$target") || rc=1
+  return $rc
+}
+
 # ---------------------------------------------------------------- summary
 
 print_summary() {
@@ -559,6 +634,11 @@ print_summary() {
     grep -E 'MESSAGE: |ERROR: |\[doctest\] (test cases|assertions)|[0-9]+ (passed|failed|skipped|errors?).* in [0-9.]+s|took [0-9]+ s|grads: |^targets|^ +(meets|BELOW)|copy bandwidth' \
       "$OUT/optim.log" | sed -E 's/^.*(MESSAGE|ERROR): /  \1: /' | head -n 80
   fi
+  if [[ -f $OUT/pip.log && " ${summary_order[*]} " == *" pip "* ]]; then
+    echo
+    echo "pip install path:"
+    grep -E '^(ok |FAIL|pip smoke test passed|qrecipe from|C\+\+ runtime)' "$OUT/pip.log" | sed 's/^/  /'
+  fi
   if [[ -f $OUT/results.md && " ${summary_order[*]} " =~ \ (bench|llama|tp)\  ]]; then
     # Every benchmark record of this run (quantize, GEMM, Linear step), last.
     echo
@@ -578,6 +658,7 @@ for s in "${stages[@]}"; do
     tp) stage tp do_tp || failed=1 ;;
     fsdp) stage fsdp do_fsdp || failed=1 ;;
     optim) stage optim do_optim || failed=1 ;;
+    pip) stage pip do_pip || failed=1 ;;
   esac
 done
 print_summary

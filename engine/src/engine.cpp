@@ -106,7 +106,7 @@ std::string Engine::origin(const QuantizerRole& role) {
 }
 
 namespace {
-// The quantizer being created on this thread (innermost first for a hybrid's halves), so a
+// The quantizer being created on this thread (innermost first for sub-quantizers), so a
 // scaling state requested from inside a plugin's factory is labelled with the role and format
 // that asked for it, and joins the share group its spec names, without the plugin having to
 // say.

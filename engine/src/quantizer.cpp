@@ -4,13 +4,14 @@
 #include <sstream>
 
 #include "qrecipe/checked.hpp"
+#include "qrecipe/engine.hpp"
 #include "qrecipe/registry.hpp"
 
 namespace qrecipe {
 
 Quantizer::Quantizer(std::shared_ptr<const FormatPlugin> plugin, QuantizerSpec spec,
                      QuantizerRole role, qr_host_context* ctx)
-    : plugin_(std::move(plugin)), spec_(std::move(spec)), role_(std::move(role)) {
+    : plugin_(std::move(plugin)), spec_(std::move(spec)), role_(std::move(role)), ctx_(ctx) {
   QR_CHECK(plugin_ != nullptr, "Quantizer needs a plugin");
   const CSpec cspec(spec_);
   const qr_role crole = role_.to_c();
@@ -31,6 +32,18 @@ std::string Quantizer::context(const char* op, const TensorView* src) const {
   os << "format '" << format() << "' " << op << " for role " << role_.str();
   if (src) os << " of " << src->str();
   return os.str();
+}
+
+const FormatPlugin& Quantizer::direction_plugin(const qr_direction_layout& layout) const {
+  if (layout.format == nullptr || format() == layout.format) return *plugin_;
+  QR_CHECK_CODE(ctx_ != nullptr, QR_STATUS_INTERNAL, context("direction_plugin"),
+                ": a direction of format '", layout.format, "' but this quantizer was made "
+                "without an engine to look that format up in");
+  auto owner = Engine::from_host_context(ctx_)->registry().find(layout.format);
+  QR_CHECK(owner != nullptr, context("direction_plugin"), ": a direction of format '",
+           layout.format, "', which the engine's registry has not loaded (loaded: ",
+           Engine::from_host_context(ctx_)->registry().loaded_names(), ")");
+  return *owner;
 }
 
 qr_direction_layout Quantizer::layout(std::int64_t rows, std::int64_t cols,

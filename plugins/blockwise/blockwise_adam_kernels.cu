@@ -2,7 +2,7 @@
 // (blockwise_adam_kernels.hpp), bit-exact with the CPU path: adam::update of every element
 // (adam.hpp), then blockwise_ref.cpp on the new FP32 master.
 //
-// Map of this file (STYLE.md rule 11):
+// Map of this file:
 //   1. the tensor table (kernel parameter)
 //   2. the kernel: update a tile, block scales, codes
 //   3. the entry: tables, the shared-memory limit, launches

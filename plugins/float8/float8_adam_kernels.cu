@@ -2,7 +2,7 @@
 // bit-exact with the CPU path: adam::update of every element (adam.hpp), then float8_ref.cpp
 // on the new FP32 master.
 //
-// Map of this file (STYLE.md rule 11):
+// Map of this file:
 //   1. the tensor table (kernel parameter): operands, hyper, outputs and scaling per tensor
 //   2. device helpers: encode four codes, store a tile's rowwise and columnwise codes
 //   3. kernels: cast from the new master (current scaling, after adam_cuda.cuh's update +

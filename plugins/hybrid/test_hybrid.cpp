@@ -590,14 +590,16 @@ TEST_CASE("hybrid: nesting a hybrid in a hybrid is a clear error naming file:lin
   INFO(what);
   REQUIRE_FALSE(what.empty());
   CHECK(what.find("nested.yaml:8:9") != std::string::npos);  // the nested spec's map
-  CHECK(what.find("nesting a hybrid in a hybrid") != std::string::npos);
+  CHECK(what.find("a nested spec cannot nest again: format 'hybrid' takes nested quantizers "
+                  "itself") != std::string::npos);
+  CHECK(what.find("(loaded: ") != std::string::npos);  // the formats that can be nested
   CHECK(what.find("columnwise") != std::string::npos);  // the key path
 
   // The same through code: validate_spec refuses it too.
   CHECK_THROWS_WITH_AS(
       qrecipe::validate_spec(hybrid(spec("float8"), hybrid(spec("float8"), spec("mxfp8"))),
                              *registry()),
-      doctest::Contains("nesting a hybrid in a hybrid"), qrecipe::RecipeError);
+      doctest::Contains("a nested spec cannot nest again"), qrecipe::RecipeError);
 }
 
 TEST_CASE("hybrid: a missing or unusable side is a clear error") {

@@ -2,7 +2,7 @@
 // bit-exact with the CPU path: adam::update of every element (adam.hpp), then mxfp8_ref.cpp on
 // the new FP32 master.
 //
-// Map of this file (STYLE.md rule 11):
+// Map of this file:
 //   1. the tensor table (kernel parameter)
 //   2. the kernel: update a tile, block exponents, codes
 //   3. the entry: tables and launches

@@ -82,6 +82,10 @@ using sdk::view_rows;
 
 class Nvfp4Quantizer final : public sdk::QuantizerBase {
  public:
+  // S_dec = 1 / scale_from_amax(amax, 2688): the descriptor's tensor_scale_numerator, so the
+  // engine can decode this format's directions itself (plugin_abi.h, plugin_sdk.hpp).
+  static constexpr float kTensorScaleNumerator = rules::kTensorScaleNumerator;
+
   Nvfp4Quantizer(const qr_create_args&, const sdk::Options& opts)
       : config_(resolve_options(opts)) {}
 

@@ -2,7 +2,7 @@
 // bit-exact with the CPU path: adam::update of every element (adam.hpp), then nvfp4_ref.cpp on
 // the new FP32 master (round to nearest; no Hadamard transform).
 //
-// Map of this file (STYLE.md rule 11):
+// Map of this file:
 //   1. the tensor table (kernel parameter)
 //   2. device helpers: a block's codes, 1x16 / 16x1 blocks, 16x16 tiles
 //   3. the quantize kernel (pass 2; pass 1 is adam_cuda.cuh's update + amax)

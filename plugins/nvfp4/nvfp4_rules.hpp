@@ -31,8 +31,12 @@ QR_HD float encode_scale(float tensor_amax) {
   return scale_from_amax(tensor_amax, kTensorScaleNumerator, /*pow2=*/false, /*eps=*/0.0f);
 }
 
-// S_dec = 1 / S_enc.
-QR_HD float decode_scale(float tensor_amax) { return 1.0f / encode_scale(tensor_amax); }
+// S_dec = 1 / S_enc: qrecipe::tensor_decode_factor with this format's numerator, the very
+// function the engine's GPU GEMM decodes with once the descriptor hands it the numerator
+// (tensor_scale_numerator, plugin_abi.h).
+QR_HD float decode_scale(float tensor_amax) {
+  return tensor_decode_factor(tensor_amax, kTensorScaleNumerator);
+}
 
 // E4M3 code of a block scale: the product S_enc * fl32(1/6) first (the order decides the
 // result at E4M3 rounding boundaries).

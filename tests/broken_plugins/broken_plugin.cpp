@@ -106,7 +106,15 @@ extern "C" QR_PLUGIN_EXPORT const qr_plugin_descriptor* qrecipe_plugin_entry(con
   static qr_plugin_descriptor d = qrecipe::sdk::make_descriptor<ToyQuantizer>(
       "tampered", "0.0.1", "tampered descriptor", 1u, 0, "", kSchema, 1, &qrecipe::sdk::no_extras);
   qrecipe::sdk::host() = host;
-#if defined(BROKEN_CASE_descriptor_abi)
+#if defined(BROKEN_CASE_v1_descriptor)
+  // Not broken: what a plugin built before the fields appended after v1 hands the engine. The
+  // bytes past its struct_size are not its own, so they hold garbage the engine must not read.
+  d.name = "oldtoy";
+  d.struct_size = QR_PLUGIN_DESCRIPTOR_SIZE_V1;
+  d.tensor_scale_numerator = -1.0f;
+#elif defined(BROKEN_CASE_bad_numerator)
+  d.tensor_scale_numerator = -2688.0f;
+#elif defined(BROKEN_CASE_descriptor_abi)
   d.abi_version = 7;
 #elif defined(BROKEN_CASE_small_descriptor)
   d.struct_size = 16;

@@ -58,6 +58,11 @@ class FormatPlugin {
   qr_adam_requantize_supports_fn adam_requantize_supports_extra() const {
     return adam_requantize_supports_;
   }
+  // The descriptor's tensor_scale_numerator (plugin_abi.h): how the per-tensor decode factor
+  // of this format's QR_SCALE_BLOCK_TENSOR directions follows from their amax
+  // (tensor_decode_factor in scaling.hpp). 0: the format gives none (also for a plugin whose
+  // descriptor predates the field), and such directions are decoded only by the plugin.
+  float tensor_scale_numerator() const { return tensor_scale_numerator_; }
 
  private:
   std::string path_, name_, version_, description_, cuda_archs_;
@@ -68,6 +73,7 @@ class FormatPlugin {
   qr_quantize_grouped_fn quantize_grouped_ = nullptr;
   qr_adam_requantize_fn adam_requantize_ = nullptr;
   qr_adam_requantize_supports_fn adam_requantize_supports_ = nullptr;
+  float tensor_scale_numerator_ = 0.0f;
 };
 
 }  // namespace qrecipe

@@ -4,7 +4,7 @@
  *   1. versions and basic enums (status, dtype, device, usage, scale modes, option types)
  *   2. value structs: tensor view, role, options, quantizer spec, layout, quantized tensor
  *   3. the host table (what the engine gives a plugin: errors, logging, scaling state,
- *      sub-quantizers for the hybrid format, scratch memory)
+ *      sub-quantizers for a format built from other formats, scratch memory)
  *   4. the plugin descriptor (what a plugin gives the engine) and the two exported symbols
  *
  * Rules (docs/architecture.md, "The C plugin boundary"; docs/plugins.md):
@@ -23,9 +23,18 @@
  *     rows x cols values in whole bytes does not: `quantize` writes every one of its bytes.
  *
  * How to add a slot: append it at the end of the struct, bump nothing else, add a
- * `QR_ABI_V<n>_LAST` static_assert for the new last slot when the version is released, and
- * check `struct_size` before calling it from the engine. Bump QR_PLUGIN_ABI_VERSION only for
- * a change that old plugins cannot survive (there should never be one).
+ * static_assert pinning the new slot's offset (end of this file), and check `struct_size`
+ * before reading or calling it from the engine: a struct from an older plugin ends before it,
+ * and its absence must mean "not provided". The engine then accepts a plugin's struct from
+ * the size of the version that introduced it on, not from sizeof (the descriptor:
+ * QR_PLUGIN_DESCRIPTOR_SIZE_V1), so older plugins keep loading. Bump
+ * QR_PLUGIN_ABI_VERSION only for a change that old plugins cannot survive (there should
+ * never be one).
+ *
+ * Structs embedded by value in another struct (qr_device, qr_tensor_view,
+ * qr_direction_layout, qr_direction_data) can never grow: a new field would move every field
+ * after them in the enclosing struct. Their sizes are pinned too; new per-direction data goes
+ * into a struct passed by pointer (the plugin descriptor, for data of a whole format).
  */
 #ifndef QRECIPE_PLUGIN_ABI_H
 #define QRECIPE_PLUGIN_ABI_H
@@ -96,7 +105,8 @@ typedef enum qr_scale_mode {
   QR_SCALE_BLOCK = 2,       /* one scale per block_rows x block_cols block of the logical
                                [M, K] tensor; scale dtype from the layout */
   QR_SCALE_BLOCK_TENSOR = 3 /* block scales times a per-tensor decode factor derived from
-                               `amax` (NVFP4: amax / (448 * 6)) */
+                               the direction's `amax`; the owning format's descriptor says
+                               how (tensor_scale_numerator) */
 } qr_scale_mode;
 
 typedef enum qr_option_type {
@@ -105,7 +115,7 @@ typedef enum qr_option_type {
   QR_OPTION_FLOAT = 2,
   QR_OPTION_ENUM = 3,     /* a string from a fixed list of choices */
   QR_OPTION_STRING = 4,
-  QR_OPTION_QUANTIZER = 5 /* a nested quantizer spec (the hybrid format's halves) */
+  QR_OPTION_QUANTIZER = 5 /* a nested quantizer spec (a format built from other formats) */
 } qr_option_type;
 
 typedef enum qr_log_level {
@@ -177,7 +187,8 @@ typedef struct qr_option_schema {
 /* Sizes and meaning of the buffers of one direction, for a logical [rows, cols] tensor. */
 typedef struct qr_direction_layout {
   uint32_t struct_size;
-  const char* format;     /* format that owns this direction (a hybrid reports its halves) */
+  const char* format;     /* format that owns this direction (a format built from other
+                             formats reports the one that made each direction) */
   int32_t data_dtype;     /* qr_dtype */
   int32_t data_ndim;
   int64_t data_shape[2];  /* element shape; transposed directions report [cols, rows] */
@@ -186,7 +197,8 @@ typedef struct qr_direction_layout {
   int32_t scale_dtype;    /* qr_dtype of scale_inv (F32, E8M0, E4M3) */
   int32_t scale_ndim;     /* 0 when there is no scale buffer */
   int64_t scale_shape[2]; /* padded shape of the stored scale_inv array */
-  int32_t scale_transposed; /* 1 if scale_inv[j][i] holds block (i, j) (blockwise 1x128) */
+  int32_t scale_transposed; /* 1 if scale_inv[j][i] holds block (i, j) (e.g. 1x128 blocks
+                               stored outer-dimension-major, as cuBLASLt reads them) */
   int32_t block_rows;     /* block geometry in the logical [rows, cols] tensor */
   int32_t block_cols;
   int32_t has_amax;       /* 1 if this direction stores an FP32 amax scalar */
@@ -262,7 +274,8 @@ typedef struct qr_host_api {
   /* delayed scaling: a state owned by `ctx` (the engine that is creating the quantizer) */
   qr_status (*scaling_state_acquire)(qr_host_context* ctx, const qr_scaling_request* request,
                                      qr_scaling_state* out);
-  /* sub-quantizers (hybrid): build a quantizer of any loaded format for the same role */
+  /* sub-quantizers (a format built from other formats): build a quantizer of any loaded
+   * format for the same role */
   qr_status (*quantizer_create)(qr_host_context* ctx, const qr_quantizer_spec* spec,
                                 const qr_role* role, qr_host_quantizer** out);
   void (*quantizer_destroy)(qr_host_quantizer* q);
@@ -292,11 +305,12 @@ typedef struct qr_host_api {
    * Engine::update_scaling). Not concurrent with quantize calls using the state. */
   qr_status (*scaling_state_move)(qr_host_context* ctx, qr_scaling_state* state,
                                   qr_device device);
-  /* appended after v1 (check struct_size): scratch memory for a plugin's intermediates (the
-   * hybrid format's rowwise_dequantized mode), zero-filled, at least 256-byte aligned, never
-   * NULL on success (bytes 0 included). CPU: from the engine's allocator (`stream` unused).
-   * CUDA: stream-ordered on `stream` of `device` (cudaMallocAsync, zeroed by cudaMemsetAsync;
-   * NULL = the legacy default stream): usable by work queued on `stream` after the call.
+  /* appended after v1 (check struct_size): scratch memory for a plugin's intermediates (e.g.
+   * a direction decoded to feed another direction's quantizer), zero-filled, at least
+   * 256-byte aligned, never NULL on success (bytes 0 included). CPU: from the engine's
+   * allocator (`stream` unused). CUDA: stream-ordered on `stream` of `device`
+   * (cudaMallocAsync, zeroed by cudaMemsetAsync; NULL = the legacy default stream): usable by
+   * work queued on `stream` after the call.
    * scratch_free with the same device and stream gives it back in stream order
    * (cudaFreeAsync): work queued on `stream` before the free still sees the memory, and
    * the caller need not synchronize. Free on every path, errors included. */
@@ -326,7 +340,7 @@ typedef struct qr_create_args {
 typedef struct qr_plugin_descriptor {
   uint32_t abi_version; /* QR_PLUGIN_ABI_VERSION the plugin was built with */
   uint32_t struct_size;
-  const char* name;            /* format name used in recipes, e.g. "float8" */
+  const char* name;            /* format name used in recipes, e.g. "myformat" */
   const char* version;         /* format/plugin version, e.g. "1.0.0" */
   const char* description;
   uint32_t devices;            /* bit (1 << qr_device_type) per supported device */
@@ -355,7 +369,26 @@ typedef struct qr_plugin_descriptor {
   /* human-readable description of a quantizer's resolved options (for `recipe explain`);
    * writes at most `capacity` bytes including the terminating NUL */
   qr_status (*describe)(qr_quantizer* q, char* buffer, size_t capacity);
+  /* ---- end of v1 (QR_PLUGIN_DESCRIPTOR_SIZE_V1 bytes); appended after v1, read only when
+   * struct_size reaches them: */
+
+  /* How the per-tensor decode factor of this format's QR_SCALE_BLOCK_TENSOR directions
+   * follows from their stored FP32 amax, so the engine can decode such a direction itself
+   * (the GPU GEMM's BF16 decoders) instead of calling `dequantize`:
+   *   factor = 1 / S,  S = tensor_scale_numerator / amax (FP32), FLT_MAX if that overflows,
+   *                    1 when amax is 0, inf or NaN
+   * i.e. qrecipe::tensor_decode_factor(amax, tensor_scale_numerator) of qrecipe/scaling.hpp,
+   * and an element decodes as (code * block scale) * factor, which must be exactly what the
+   * plugin's dequantize computes. A finite positive number, or 0: the format has no such
+   * factor (formats without QR_SCALE_BLOCK_TENSOR directions, and every plugin built before
+   * this field existed); the engine then decodes those directions only through `dequantize`.
+   * Anything else (negative, inf, NaN) makes the plugin fail to load. */
+  float tensor_scale_numerator;
 } qr_plugin_descriptor;
+
+/* Size of the v1 descriptor (up to and including `describe`): the least struct_size the
+ * engine accepts, so plugins built before the fields appended after v1 keep loading. */
+#define QR_PLUGIN_DESCRIPTOR_SIZE_V1 128u
 
 /* ---- Extras by name: `get_proc_address(name)` returns one of these (cast to void*) or NULL.
  * Each name comes with the function type its pointer has. */
@@ -516,6 +549,11 @@ typedef const qr_plugin_descriptor* (*qr_plugin_entry_fn)(const qr_host_api* hos
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
 QR_ABI_STATIC_ASSERT(offsetof(qr_plugin_descriptor, describe) == 120,
                      "qr_plugin_descriptor v1 layout changed: append new slots at the end");
+QR_ABI_STATIC_ASSERT(offsetof(qr_plugin_descriptor, describe) + sizeof(void*) ==
+                         QR_PLUGIN_DESCRIPTOR_SIZE_V1,
+                     "QR_PLUGIN_DESCRIPTOR_SIZE_V1 must stay the released v1 descriptor size");
+QR_ABI_STATIC_ASSERT(offsetof(qr_plugin_descriptor, tensor_scale_numerator) == 128,
+                     "qr_plugin_descriptor: tensor_scale_numerator (appended after v1) moved");
 QR_ABI_STATIC_ASSERT(offsetof(qr_host_api, quantizer_describe) == 112,
                      "qr_host_api v1 layout changed: append new slots at the end");
 QR_ABI_STATIC_ASSERT(offsetof(qr_quantize_args, stream) == 32,
@@ -526,6 +564,14 @@ QR_ABI_STATIC_ASSERT(offsetof(qr_option_schema, required) == 72,
                      "qr_option_schema v1 layout changed: append new fields at the end");
 QR_ABI_STATIC_ASSERT(offsetof(qr_tensor_view, strides) == 96,
                      "qr_tensor_view v1 layout changed: append new fields at the end");
+/* Embedded by value in other structs: these sizes can never change (see the rules above). */
+QR_ABI_STATIC_ASSERT(sizeof(qr_device) == 8, "qr_device is embedded by value: it cannot grow");
+QR_ABI_STATIC_ASSERT(sizeof(qr_tensor_view) == 160,
+                     "qr_tensor_view is embedded by value in qr_direction_data: it cannot grow");
+QR_ABI_STATIC_ASSERT(sizeof(qr_direction_layout) == 88,
+                     "qr_direction_layout is embedded by value in qr_direction_data: it cannot grow");
+QR_ABI_STATIC_ASSERT(sizeof(qr_direction_data) == 8 + 88 + 3 * 160,
+                     "qr_direction_data is embedded by value in qr_quantized_tensor: it cannot grow");
 #endif
 
 #endif /* QRECIPE_PLUGIN_ABI_H */

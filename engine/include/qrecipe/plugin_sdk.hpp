@@ -22,6 +22,10 @@
 //                                       qr_quantized_tensor* dst, const qr_tensor_cast& cast);
 //      (throw qrecipe::Error with QR_STATUS_UNSUPPORTED, before writing anything, for what
 //      they cannot do). Other extras come from the function given to QR_DEFINE_PLUGIN_EX.
+//   6. A format with QR_SCALE_BLOCK_TENSOR directions gives the class
+//        static constexpr float kTensorScaleNumerator = ...;
+//      and the descriptor carries it as tensor_scale_numerator (plugin_abi.h says what it
+//      means); without the member the descriptor says 0 (no per-tensor decode factor).
 // Every call into the class goes through a noexcept trampoline that turns exceptions into
 // qr_status values made by the host, so no exception ever crosses the boundary.
 #pragma once
@@ -187,6 +191,16 @@ concept HasQuantizeWithTensorCast = requires(Q& q, const qr_tensor_view& src,
   q.quantize_with_tensor_cast(src, args, dst, cast);
 };
 
+// The descriptor's tensor_scale_numerator of Q (how-to step 6 above): Q's
+// kTensorScaleNumerator, or 0 when Q has none.
+template <class Q>
+constexpr float tensor_scale_numerator_of() {
+  if constexpr (requires { Q::kTensorScaleNumerator; })
+    return static_cast<float>(Q::kTensorScaleNumerator);
+  else
+    return 0.0f;
+}
+
 // The generic checks of a quantize_grouped call (plugin_abi.h), made before the plugin's own:
 // struct sizes, at least one group, a 2-D source whose rows the groups cover exactly, one
 // destination of group_rows[g] x cols per group holding the requested usage, no reduced amax.
@@ -336,7 +350,8 @@ constexpr qr_plugin_descriptor make_descriptor(const char* name, const char* ver
           &Trampolines<Q>::quantize,
           &Trampolines<Q>::dequantize,
           get_proc_address,
-          &Trampolines<Q>::describe};
+          &Trampolines<Q>::describe,
+          tensor_scale_numerator_of<Q>()};
 }
 
 // The descriptor's get_proc_address: the extras the SDK itself provides for Q (grouped
@@ -381,7 +396,7 @@ inline void* no_extras(const char*) { return nullptr; }
 
 // Turns the status of a host call (e.g. a sub-quantizer's quantize) into a thrown
 // qrecipe::Error that keeps the original code, where and message, prefixed by `context`
-// ("hybrid rowwise side (float8)"). Frees the status. No-op for success.
+// ("rowwise sub-quantizer (myformat)"). Frees the status. No-op for success.
 inline void check_host(qr_status status, std::string_view context) {
   if (status == nullptr) return;
   const qr_host_api* h = host();

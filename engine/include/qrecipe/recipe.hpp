@@ -6,7 +6,7 @@
 //   defaults: {format: none}          # used when no rule matches
 //   rules:                            # first match wins
 //     - match: {module_type: linear, tensor_type: [input, weight], name: "layers.*"}
-//       quantizer: {format: float8, scaling: current}
+//       quantizer: {format: myformat, scaling: current}
 //
 // Parsing (Recipe::load / Recipe::parse) checks the structure: YAML syntax, `version`, known
 // top-level and match keys, a `format` in every quantizer. Option values stay untyped (the
@@ -100,7 +100,7 @@ class Recipe {
   // device, a directory: refused before it is opened) or larger than kRecipeMaxBytes.
   static Recipe load(const std::string& path);
   static Recipe parse(const std::string& yaml_text, const std::string& source_name = "<string>");
-  // A recipe with no rules whose defaults are `spec` (e.g. the whole model in float8).
+  // A recipe with no rules whose defaults are `spec` (e.g. the whole model in one format).
   static Recipe uniform(const QuantizerSpec& spec, const std::string& name = "uniform");
   // A recipe whose one rule (`match: {}`) delegates every role to `factory` (any non-empty
   // reference the engine's factory resolver understands; a Python callable's display name for

@@ -14,6 +14,8 @@
 // them all in one run.
 #pragma once
 
+#include "internal_visibility.hpp"
+
 #include <algorithm>
 #include <charconv>
 #include <string>
@@ -23,6 +25,7 @@
 #include "qrecipe/recipe.hpp"
 #include "qrecipe/registry.hpp"
 
+QR_INTERNAL_BEGIN
 namespace qrecipe::recipe_internal {
 
 constexpr int kRecipeVersion = 1;  // the only recipe version this build reads
@@ -156,3 +159,4 @@ std::vector<Problem> resolve_problems(const std::vector<SpecToResolve>& specs,
 std::string more_problems(std::size_t extra, const std::string& source);
 
 }  // namespace qrecipe::recipe_internal
+QR_INTERNAL_END

@@ -238,7 +238,8 @@ class Parser {
       fail(node[std::string("factory")], child_path(path, "factory"),
            "a rule gives either 'quantizer' or 'factory', not both; keep one");
     else if (!has_quantizer && !has_factory)
-      fail(node, path, "missing required key 'quantizer', e.g. `quantizer: {format: float8}` "
+      fail(node, path, "missing required key 'quantizer', e.g. `quantizer: {format: <name>}` "
+                       "(`qrecipe plugins` lists the formats) or `quantizer: {format: none}` "
                        "(or `factory: package.module:function` to let a Python function decide)");
     return out;
   }
@@ -349,7 +350,7 @@ class Parser {
     QuantizerSpec out;
     out.location = at(node);
     if (!node.IsMap()) {
-      fail(node, path, "a quantizer spec is a map with a 'format' key, e.g. {format: float8} "
+      fail(node, path, "a quantizer spec is a map with a 'format' key, e.g. {format: <name>} "
                        "or {format: none}; got " + describe_node(node));
       return out;
     }
@@ -363,8 +364,8 @@ class Parser {
                          out.format = value.Scalar();
                        } else {
                          has_format = true;  // reported here, not again as missing
-                         fail(value, key_path, "expected a format name (float8, ..., or none), "
-                                               "got " + describe_node(value));
+                         fail(value, key_path, "expected a format name (one `qrecipe plugins` "
+                                               "lists, or none), got " + describe_node(value));
                        }
                        return;
                      }
@@ -384,7 +385,8 @@ class Parser {
                      }
                    });
     if (!has_format) {
-      fail(node, path, "missing required key 'format' (a format name such as float8, or none)");
+      fail(node, path, "missing required key 'format' (a format name `qrecipe plugins` lists, "
+                       "or none)");
     } else if (out.is_none() && !out.options.empty()) {
       fail(node[out.options.front().first], child_path(path, out.options.front().first),
            "format none keeps high precision and takes no options; remove " +

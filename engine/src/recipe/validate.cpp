@@ -145,9 +145,9 @@ class Validator {
     }
     if (nested && plugin->takes_quantizers())
       fail(in.location, child_path(path, "format"),
-           "nesting a hybrid in a hybrid: format '" + in.format +
-               "' takes nested quantizers itself, so it cannot be one; use a single format "
-               "here (e.g. {format: float8})");
+           "a nested spec cannot nest again: format '" + in.format +
+               "' takes nested quantizers itself, so it cannot be one; use a format without "
+               "quantizer options here (" + nestable_formats() + ")");
     std::set<std::string> seen;
     for (const auto& [key, value] : in.options) {
       const std::string key_path = child_path(path, key);
@@ -210,6 +210,15 @@ class Validator {
       return false;
     }
     return true;
+  }
+
+  // "loaded: a, b" for the formats a nested spec may use (those without quantizer options).
+  std::string nestable_formats() const {
+    std::vector<std::string> names;
+    for (const auto& plugin : registry_.plugins())
+      if (!plugin->takes_quantizers()) names.push_back(plugin->name());
+    std::sort(names.begin(), names.end());
+    return names.empty() ? "no such format is loaded" : "loaded: " + join(names);
   }
 
   std::string unknown_format(const std::string& format) const {
@@ -289,7 +298,7 @@ class Validator {
       case QR_OPTION_INT: return "an integer";
       case QR_OPTION_FLOAT: return "a number";
       case QR_OPTION_ENUM: return "one of " + join(schema.choices);
-      case QR_OPTION_QUANTIZER: return "a nested quantizer spec such as {format: float8}";
+      case QR_OPTION_QUANTIZER: return "a nested quantizer spec such as {format: <name>, ...}";
       default: return "a string";
     }
   }

@@ -1,6 +1,8 @@
 // FormatPlugin: copies what the engine needs out of a plugin's C descriptor.
 #include "qrecipe/format_plugin.hpp"
 
+#include <cfloat>
+#include <cstddef>
 #include <sstream>
 
 #include "qrecipe/error.hpp"
@@ -69,6 +71,14 @@ FormatPlugin::FormatPlugin(std::string path, const qr_plugin_descriptor* d)
       adam_requantize_ = nullptr;
       adam_requantize_supports_ = nullptr;
     }
+  }
+  // Fields appended after v1: read only when the plugin's descriptor reaches them.
+  if (d->struct_size >= offsetof(qr_plugin_descriptor, tensor_scale_numerator) + sizeof(float)) {
+    const float n = d->tensor_scale_numerator;
+    QR_CHECK(n == 0.0f || (n > 0.0f && n <= FLT_MAX), "plugin ", path_, " (format '", name_,
+             "') declares tensor_scale_numerator ", n, " in its descriptor; expected 0 (no "
+             "per-tensor decode factor) or a finite positive number (plugin_abi.h)");
+    tensor_scale_numerator_ = n;
   }
   // Validated before anything reads it (a NULL choices array, an out-of-range type).
   options_ = registry_internal::read_option_table(d->options, d->num_options);

@@ -88,7 +88,8 @@ qr_status host_scaling_state_move(qr_host_context* ctx, qr_scaling_state* state,
   });
 }
 
-// A quantizer the host made on behalf of a plugin (the hybrid format's halves).
+// A quantizer the host made on behalf of a plugin (the sub-quantizers of a format built from
+// other formats).
 struct HostQuantizer {
   std::shared_ptr<Quantizer> quantizer;
 };

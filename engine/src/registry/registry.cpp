@@ -199,10 +199,13 @@ std::shared_ptr<const FormatPlugin> Registry::load_file(const std::string& path)
        << QR_PLUGIN_ABI_VERSION << "; rebuild the plugin";
     return fail(os.str());
   }
-  if (d->struct_size < sizeof(qr_plugin_descriptor)) {
+  // The released v1 size, not sizeof: a plugin built before the fields appended since then
+  // (plugin_abi.h) still loads, and FormatPlugin reads those fields only where struct_size
+  // reaches them.
+  if (d->struct_size < QR_PLUGIN_DESCRIPTOR_SIZE_V1) {
     std::ostringstream os;
     os << "descriptor struct_size " << d->struct_size << " is smaller than the "
-       << sizeof(qr_plugin_descriptor) << " bytes ABI version " << QR_PLUGIN_ABI_VERSION
+       << QR_PLUGIN_DESCRIPTOR_SIZE_V1 << " bytes ABI version " << QR_PLUGIN_ABI_VERSION
        << " requires; rebuild the plugin";
     return fail(os.str());
   }

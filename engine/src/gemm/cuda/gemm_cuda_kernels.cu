@@ -223,7 +223,8 @@ __device__ __forceinline__ uint2 e2m1x4_to_bf16x4(std::uint32_t c) {
 }
 
 // Two BF16 values times one BF16 scale (both halves of s2), as one bf16x2 multiply. Used only
-// where the product is exact (NVFP4's q * s), so its rounding never matters.
+// where the product is exact (E2M1 codes times E4M3 block scales), so its rounding never
+// matters.
 __device__ __forceinline__ std::uint32_t bf16x2_mul(std::uint32_t x, std::uint32_t s2) {
   const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&x),
                                    *reinterpret_cast<const __nv_bfloat162*>(&s2));
@@ -295,17 +296,19 @@ __device__ __forceinline__ float load_code(const StoredOperand& op, std::int64_t
   }
 }
 
+// An operand's per-tensor factor (FactorSource in gemm_cuda_kernels.hpp).
+__device__ float factor_value(const FactorSource& f) {
+  switch (f.kind) {
+    case Factor::none: return 1.0f;
+    case Factor::value: return *f.ptr;
+    case Factor::from_amax: return tensor_decode_factor(*f.ptr, f.numerator);
+  }
+  return 1.0f;
+}
+
 __device__ void write_scalars_now(const Scalars& s) {
   float f[2];
-  for (int i = 0; i < 2; ++i) {
-    switch (s.kind[i]) {
-      case Factor::none: f[i] = 1.0f; break;
-      case Factor::value: f[i] = *s.factor[i]; break;
-      case Factor::nvfp4_amax:
-        f[i] = 1.0f / scale_from_amax(*s.factor[i], 2688.0f, /*pow2=*/false, /*eps=*/0.0f);
-        break;
-    }
-  }
+  for (int i = 0; i < 2; ++i) f[i] = factor_value(s.factor[i]);
   const float alpha = s.alpha * (f[0] * f[1]);
   s.out[0] = alpha;  // a GEMM that writes the output
   s.out[1] = s.beta;
@@ -522,15 +525,6 @@ constexpr int kExactThreads = 256; // 16 x 16 threads
 constexpr int kExactPad = 4;       // row padding: conflict-free stores of K-major tiles
 static_assert(kExactTile * kExactTileK == 4 * kExactThreads, "each thread decodes 4 elements per operand");
 
-__device__ float factor_of(const ExactOperand& x) {
-  switch (x.factor) {
-    case Factor::none: return 1.0f;
-    case Factor::value: return *x.factor_ptr;
-    case Factor::nvfp4_amax:
-      return 1.0f / scale_from_amax(*x.factor_ptr, 2688.0f, /*pow2=*/false, /*eps=*/0.0f);
-  }
-  return 1.0f;
-}
 
 // Element (o, r) of the logical [outer, inner] operand, decoded as the plugins' reference
 // dequantize does: NaN codes and NaN scales as they are, else code * scale (* factor).
@@ -542,7 +536,7 @@ __device__ float exact_element(const ExactOperand& x, float factor, std::int64_t
     const float code = load_code<Code::e2m1>(s, p, q);
     const float block = load_scale<BlockScale::e4m3>(s, p >> s.block_rows_log2, q >> s.block_cols_log2);
     if (num::is_nan(block)) return block;
-    return (code * block) * factor;  // (q * s) * S_dec
+    return (code * block) * factor;  // (q * s) * tensor factor
   }
   const float code = s.code == Code::e4m3 ? load_code<Code::e4m3>(s, p, q) : load_code<Code::e5m2>(s, p, q);
   if (num::is_nan(code)) return code;
@@ -577,7 +571,7 @@ __global__ void __launch_bounds__(kExactThreads) exact_gemm_kernel(const __grid_
   if (*flag.word != flag.epoch) return;
   __shared__ __align__(16) float as[kExactTileK][kExactTile + kExactPad];
   __shared__ __align__(16) float bs[kExactTileK][kExactTile + kExactPad];
-  const float fa = factor_of(g.a), fb = factor_of(g.b);
+  const float fa = factor_value(g.a.factor), fb = factor_value(g.b.factor);
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const std::int64_t tiles_n = (g.n + kExactTile - 1) / kExactTile;
   const std::int64_t tiles = (g.m + kExactTile - 1) / kExactTile * tiles_n;
