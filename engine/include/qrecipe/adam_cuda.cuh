@@ -331,7 +331,7 @@ inline void amax_targets(const qr_quantized_tensor& dst, float*& main, float*& o
 // ---------------------------------------------------------------- passes of tensor-amax formats
 
 // Formats whose scale needs the tensor amax of the new master (per-tensor FP8 with current
-// scaling, NVFP4's tensor scale) update in a first pass that also reduces the amax, and cast
+// scaling, the tensor scale of block-and-tensor scaled FP4) update in a first pass that also reduces the amax, and cast
 // in a second. Their tables (sdk::cuda::GroupTable) hold entries with at least
 //   Operands ops; DeviceHyper hyper; float* amax_main; float* amax_other;
 //   std::int64_t first_block;

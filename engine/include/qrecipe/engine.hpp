@@ -135,7 +135,7 @@ class Engine {
 
   // Delayed scaling: the step's amax of every state (history row 0), in creation order, for the
   // caller to max-reduce across ranks; then update_scaling(reduced) applies the update of
-  // docs/numerics.md ("float8") to every state. update_scaling() with no argument uses row 0
+  // docs/numerics.md (delayed scaling) to every state. update_scaling() with no argument uses row 0
   // as is.
   // CUDA states are updated on their device, one kernel launch per device, asynchronously on
   // the stream `stream_for(device)` returns (cudaStream_t; an empty function or nullptr: the
@@ -214,7 +214,7 @@ class Engine {
   // Serializes resolve()'s creations: two threads resolving one role must not both create a
   // quantizer (the loser's scaling state would stay behind as an orphan with the same owner).
   // Not mutex_: creating a quantizer takes mutex_ (scaling states) and may nest creations (a
-  // hybrid's halves through the host table, through make_quantizer). Recursive: a factory
+  // format built from others makes its sub-quantizers through the host table, through make_quantizer). Recursive: a factory
   // rule's resolver may resolve another role on the same thread.
   std::recursive_mutex resolve_mutex_;
   std::unordered_map<QuantizerRole, std::shared_ptr<Quantizer>> cache_;

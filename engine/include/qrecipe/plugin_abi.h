@@ -321,7 +321,7 @@ typedef struct qr_host_api {
   /* appended after v1 (check struct_size): the extra `name` of the plugin that made q (its
    * descriptor's get_proc_address) in *fn, NULL when that plugin has none, and q's own
    * qr_quantizer* in *inner to call it with. Both stay valid while q lives. A plugin that
-   * drives another plugin's quantizer (the hybrid format) uses it to reach that plugin's
+   * drives another plugin's quantizer (a format built from others) uses it to reach that plugin's
    * extras, such as the tensor-cast fusion below. */
   qr_status (*quantizer_extra)(qr_host_quantizer* q, const char* name, void** fn,
                                qr_quantizer** inner);
@@ -478,7 +478,7 @@ typedef int32_t (*qr_adam_requantize_supports_fn)(qr_quantizer* q, qr_device dev
                                                   int32_t capturable, char* reason,
                                                   size_t capacity);
 
-/* Fusing the two directions of a hybrid into one read of the source: optional extras.
+/* Fusing the two directions of a format built from two others into one read of the source: optional extras.
  *
  * A per-tensor cast is what a direction with one FP32 scale for the whole tensor (scale mode
  * TENSOR with E4M3 / E5M2 data) needs written, described without naming its format, so that

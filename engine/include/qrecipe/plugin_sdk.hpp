@@ -15,7 +15,7 @@
 //                              std::span<qr_quantized_tensor* const> dst);
 //      and get_proc_address(QR_EXTRA_QUANTIZE_GROUPED) returns it (plugin_abi.h has the
 //      contract; check_grouped_call below has already checked the generic arguments when it
-//      runs). Likewise the hybrid fusion extras (plugin_abi.h, qr_tensor_cast):
+//      runs). Likewise the one-read fusion extras (plugin_abi.h, qr_tensor_cast):
 //        void prepare_tensor_cast(const qr_tensor_view& src, const qr_quantize_args& args,
 //                                 qr_quantized_tensor& dst, qr_tensor_cast& cast);
 //        void quantize_with_tensor_cast(const qr_tensor_view& src, const qr_quantize_args& args,
@@ -176,7 +176,7 @@ concept HasQuantizeGrouped = requires(Q& q, const qr_tensor_view& src,
 };
 
 // A quantizer class that can describe a direction as a per-tensor cast, or write one while it
-// quantizes (the hybrid fusion extras of plugin_abi.h; how-to step 5 above).
+// quantizes (the one-read fusion extras of plugin_abi.h; how-to step 5 above).
 template <class Q>
 concept HasPrepareTensorCast = requires(Q& q, const qr_tensor_view& src,
                                         const qr_quantize_args& args, qr_quantized_tensor& dst,

@@ -3,7 +3,7 @@
 // the CPU path every plugin shares, and the C trampolines. Nothing here is linked from the
 // engine.
 //
-// How a plugin fuses the step on CUDA (plugins/float8 is a worked example):
+// How a plugin fuses the step on CUDA (the shipped per-tensor FP8 plugin is a worked example):
 //   1. Give the quantizer class Q a member `Plan adam_plan(const qr_adam_tensor& t)`: what
 //      the kernels need of Q for t (a plain struct `Plan` declared in the namespace of step
 //      2's function). t's destination has been checked against Q's layout already.

@@ -1,4 +1,4 @@
-// Scales from amaxes (docs/numerics.md, "General rules" and "float8"), as __host__ __device__
+// Scales from amaxes (docs/numerics.md, "General rules"), as __host__ __device__
 // functions. Delayed scaling: the per-tensor scale follows the amax history of previous steps;
 // the update is one pure function shared by the CPU path and the CUDA kernel that updates all
 // states in one launch.
@@ -12,7 +12,7 @@
 
 namespace qrecipe {
 
-// scale_from_amax of docs/numerics.md, "float8" (current scaling and blockwise):
+// scale_from_amax of docs/numerics.md (current scaling, per-block scales):
 // amax < eps -> eps; amax 0 or inf (or NaN) -> 1; scale = fmax / amax; inf -> value_for_inf;
 // pow2 -> clear the mantissa (round down to 2^k).
 QR_HD float scale_from_amax(float amax, float fmax, bool pow2, float eps,

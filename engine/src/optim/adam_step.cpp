@@ -171,8 +171,8 @@ std::vector<AdamPath> adam_step(std::span<AdamTensor> tensors, const AdamStepOpt
     }
     QR_CHECK_CODE(!options.capturable, QR_STATUS_UNSUPPORTED, who(t, i), ": a capturable step "
                   "cannot requantize this parameter: ", why, ". Use capturable=False, or a "
-                  "recipe whose weight formats are fused (float8, mxfp8, blockwise, nvfp4 "
-                  "without stochastic rounding or Hadamard)");
+                  "recipe whose weight formats provide the fused extra (qrecipe list-plugins and "
+                  "docs/plugins.md say which)");
     engine_updates.push_back(&t);
     two_pass.push_back(&t);
   }

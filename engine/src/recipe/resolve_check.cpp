@@ -1,12 +1,12 @@
 // The second pass of a recipe check (internal.hpp): each spec that passed the schema pass is
 // made into a quantizer by its plugin, so that what only the plugin knows fails at check time
 // with the recipe's file:line:column instead of at first use: option combinations
-// (amax_history_len without delayed scaling, nvfp4's seed without stochastic_rounding), a
-// hybrid half's own options (the hybrid builds its halves through the host), and a direction
+// (amax_history_len without delayed scaling, a seed without stochastic_rounding), the own
+// options of a sub-quantizer (a format built from others makes them through the host), and a direction
 // the quantizer cannot lay out at all.
 //
 // A rule is tried for every tensor type it can match (all three when it names none: plugins
-// pick defaults by tensor type, e.g. float8's e5m2 for grad_output), under its first module
+// pick defaults by tensor type, e.g. an E5M2 dtype for grad_output), under its first module
 // type (or linear) and its first name glob as the module name ("*" when it names none). The quantizers live in a
 // throwaway engine on the CPU: their scaling states go with it, and nothing is cached.
 // What stays for first use: shape-dependent errors (a GEMM needing dimensions divisible by

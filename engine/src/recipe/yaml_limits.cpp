@@ -134,7 +134,7 @@ class LimitCounter final : public YAML::EventHandler {
 
   [[noreturn]] void too_deep(const YAML::Mark& mark) const {
     fail(mark, "nesting deeper than " + std::to_string(kMaxYamlDepth) + " levels; a recipe "
-               "needs a few (rules > rule > quantizer > a hybrid's half)");
+               "needs a few (rules > rule > quantizer > a sub-quantizer of a format built from others)");
   }
 
   std::string source_;

@@ -1,5 +1,5 @@
 // The delayed-scaling update of every CUDA-resident scaling state of one device in a single
-// kernel launch (docs/numerics.md, "float8"; the arithmetic is delayed_scaling_update of
+// kernel launch (docs/numerics.md, delayed scaling; the arithmetic is delayed_scaling_update of
 // scaling.hpp, the same function the CPU path runs). Built only with CUDA.
 #pragma once
 
