@@ -124,8 +124,9 @@ TEST_CASE("malformed factory rules name the rule and what is allowed") {
         "f.yaml:3:53: rules[0].factory: a rule gives either 'quantizer' or 'factory', not both; "
         "keep one");
   CHECK_CONTAINS(parse_error("  - {match: {}}\n"),
-                 "rules[0]: missing required key 'quantizer', e.g. `quantizer: {format: float8}` "
-                 "(or `factory: package.module:function` to let a Python function decide)");
+                 "rules[0]: missing required key 'quantizer', e.g. `quantizer: {format: <name>}` "
+                 "(`qrecipe plugins` lists the formats) or `quantizer: {format: none}` (or "
+                 "`factory: package.module:function` to let a Python function decide)");
   CHECK(parse_error("  - {match: {}, factory: my_module}\n") ==
         "f.yaml:3:26: rules[0].factory: expected 'package.module:function' (a Python module to "
         "import and the function in it that decides each role), got 'my_module': no ':' between "

@@ -5,7 +5,8 @@
 # (tests/fuzz/regressions/<target>). New inputs go to a scratch directory, never into the
 # repository. A crash, a sanitizer report, a leak or an input slower than 10 s fails the run;
 # libFuzzer writes the input to crash-*/timeout-* in the scratch directory and this script
-# copies it to tests/fuzz/findings/ so it can become a regression input.
+# copies it into tests/fuzz (its subfolder findings, made on the first failure) so it can
+# become a regression input.
 #   tools/fuzz.sh [target ...]      (default: every target)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

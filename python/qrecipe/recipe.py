@@ -346,6 +346,18 @@ class Recipe:
     def run_pending_updates() -> None:
         """The scaling update of every recipe marked on this thread, each once (what an
         outermost ``autocast`` entry runs)."""
+        if not Recipe._pending.recipes:
+            return
+        # An update launches work and reads through the host, which a CUDA graph capture can
+        # neither hold nor replay: refuse before anything runs, with the updates still due.
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "qrecipe.autocast: entered during CUDA graph capture (torch.cuda.graph, "
+                "torch.cuda.make_graphed_callables or torch.compile's mode='reduce-overhead') "
+                "with a delayed-scaling update due; qrecipe cannot be captured yet: its "
+                "scaling updates and amaxes go through the host, which a replayed graph would "
+                "not redo. Run the qrecipe modules eagerly: capture only the parts of the "
+                "model outside them. The update stays due for the next eager autocast block")
         pending = list(Recipe._pending.recipes.values())
         Recipe._pending.recipes.clear()
         for recipe in pending:

@@ -49,6 +49,22 @@ def test_refusal_message(monkeypatch):
     linear_gemms.refuse_graph_capture(torch.zeros(1), "forward")  # CPU: nothing is captured
 
 
+def test_autocast_entry_refuses_a_due_update_during_capture_and_keeps_it_due(monkeypatch):
+    recipe = qrecipe.Recipe.builtin("float8_delayed")
+    recipe.note_step_activity()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="entered during CUDA graph capture .* with a "
+                                           "delayed-scaling update due"):
+        with qrecipe.autocast(recipe):
+            pass
+    assert recipe.update_pending  # nothing ran: the update is still due
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    with qrecipe.autocast(recipe):
+        pass
+    assert not recipe.update_pending
+
+
 # ---------------------------------------------------------------- on a GPU
 
 def cuda_linear(recipe_name):
@@ -70,7 +86,9 @@ def test_forward_capture_refused_then_eager_unchanged(recipe_name):
     step(twin, twin_recipe, x)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with pytest.raises(RuntimeError, match="the forward ran during CUDA graph capture"):
+    # Delayed scaling refuses already at the autocast entry (its update is due), the others
+    # at the forward.
+    with pytest.raises(RuntimeError, match="during CUDA graph capture"):
         with torch.cuda.graph(g):
             with qrecipe.autocast(recipe):
                 module(x)
