@@ -128,6 +128,18 @@ def test_short_mode_writes_table_plot_and_sample(tmp_path):
     assert "sample from the 'default' model" in r.stdout
 
 
+def test_telemetry_writes_the_table_and_the_saturation_plot(tmp_path):
+    tel = tmp_path / "tel"
+    r = run_demo(tmp_path, "--steps", "3", "--sample-chars", "0", *TINY, "--recipe",
+                 str(REPO / "recipes" / "default.yaml"), "--telemetry", str(tel))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "telemetry of 'default':" in r.stdout
+    csv = (tel / "telemetry-default.csv").read_text().splitlines()
+    assert csv[0].startswith("role,") and len(csv) > 1  # a header and observations
+    assert (tel / "telemetry-default.jsonl").read_text().strip()
+    assert (tel / "saturation-default.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.mark.parametrize("args, code, message", [
     (["--recipe", "no/such.yaml"], 2, "recipe file(s) not found: no/such.yaml"),
     (["--steps", "0"], 2, "--steps must be positive, got 0"),
