@@ -17,7 +17,7 @@ one stream do not overlap here), the idle fraction of the wall time (host overhe
 waited on), the ms per category, and the top kernels. --out writes the same as JSON.
 
 usage: profile_hf_llama.py [--candidates bf16_eager,qrecipe_default_eager,...] [--steps 3]
-                           [--top 12] [--out FILE.json] [--md FILE.md]
+                           [--top 12] [--out OUT.json] [--md TABLE]
 Needs a CUDA device, transformers and the qrecipe package (PYTHONPATH=BUILD/python).
 """
 from __future__ import annotations
