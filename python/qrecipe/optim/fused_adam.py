@@ -20,6 +20,16 @@ The arithmetic is the engine's (qrecipe/adam.hpp; the CPU and CUDA paths agree b
 the step runs as ``_C.adam_step`` per device, all tensors of the device in one engine call
 (on CUDA: one multi-tensor launch for the plain parameters, one per format for the quantized
 ones; engine/include/qrecipe/optim.hpp).
+
+DTensor parameters (FSDP2's ``fully_shard``, tensor parallelism) are stepped through their
+local shards; their state tensors are DTensors of the parameter's mesh and placements, so
+``torch.distributed.checkpoint`` saves and reshards them. A QuantizedWeight shard whose format
+keeps its scales inside blocks the shard does not cut (mxfp8, blockwise) takes the fused path
+as a whole weight does: its bytes are the rows of quantizing the whole master. A shard of a
+format with a per-tensor scale or amax (float8 current and delayed, nvfp4, hybrid with such a
+side) needs the amax of the whole new master: its master is updated, then all such shards are
+quantized by ONE ``qrecipe.quantized_param.requantize_`` call (one amax all-reduce per process
+group), after the other parameters' step. Every rank must step the same parameters (SPMD).
 """
 from __future__ import annotations
 
@@ -105,8 +115,9 @@ class FusedAdam(torch.optim.Optimizer):
             group may set its own ``lr``, ``betas``, ``eps``, ``weight_decay``, ``adam_w_mode``.
             Plain parameters may be float32, bfloat16 or float16; ``qrecipe.QuantizedWeight``
             parameters of every format (grouped ones included) are updated through an FP32
-            master and requantized from it after every step. Parameters that do not require
-            grad, or have no gradient, are skipped.
+            master and requantized from it after every step; DTensors of either (FSDP2
+            shards) through their local shards (see the module). Parameters that do not
+            require grad, or have no gradient, are skipped.
         lr, betas, eps, weight_decay: as ``torch.optim.AdamW`` (``lr`` may be a tensor; with
             ``capturable=True`` a float32 tensor on the parameters' device is read by the step
             when it runs).
@@ -114,14 +125,18 @@ class FusedAdam(torch.optim.Optimizer):
         master_weights: keep an FP32 master for BF16/FP16 parameters (the parameter is then
             its rounded copy). Must be True when a QuantizedWeight is trained.
         capturable: step counts on the parameters' device and read there, so a CUDA graph
-            can capture the step (run one eager step first: it creates the state).
+            can capture the step (run one eager step first: it creates the state). Refused
+            for a QuantizedWeight shard of a per-tensor-scaled format (its amax all-reduce
+            runs through the host).
         exp_avg_dtype, exp_avg_sq_dtype: torch.float32 or torch.bfloat16.
 
     Gradients: ``p.main_grad`` when the parameter has one (``fuse_wgrad_accumulation``), else
     ``p.grad``; float32, bfloat16 or float16, read as they are (never reinterpreted), of the
     parameter's shape. A NaN or Inf gradient element propagates like in torch.optim.AdamW: it
     makes that element's moments and master NaN/Inf, and the quantized weight encodes them as
-    its format does (use ``torch.amp.GradScaler`` to skip steps with non-finite gradients).
+    its format does. To skip such steps, use ``torch.amp.GradScaler``: its ``step(opt)``
+    unscales the gradients, finds non-finite ones and then does not call ``opt.step()``
+    (tested; the masters, moments, step counts and quantized bytes stay as they were).
     """
 
     def __init__(self, params, lr=1e-3, betas: Tuple[float, float] = (0.9, 0.999),
