@@ -599,7 +599,7 @@ def case_adam_dcp(rank, world, args):
     shared-amax path), through torch's get/set_optimizer_state_dict: the loaded state equals
     the saved one bit for bit, and the fourth step taken after loading equals the fourth step
     of the run that saved it -- with --checkpoint, a run at world size 2 loaded here at
-    another world size (resharding)."""
+    another world size (resharding). A state dict of whole tensors loads as each rank's rows."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
                                                          set_optimizer_state_dict)
@@ -653,6 +653,17 @@ def case_adam_dcp(rank, world, args):
             assert torch.equal(whole, reference["weights"][n]), n
         if n in reference["masters"]:
             assert torch.equal(full(opt.state[p]["master"]), reference["masters"][n]), n
+    # A state dict of whole tensors (one process's, or gathered) loads too: each rank takes
+    # its rows of them.
+    whole = opt.state_dict()
+    whole["state"] = {i: {k: full(v).clone() for k, v in s.items()}
+                      for i, s in whole["state"].items()}
+    fresh = adam_opt(model)
+    fresh.load_state_dict(whole)
+    for p in model.parameters():
+        for k, v in opt.state[p].items():
+            assert type(fresh.state[p][k]) is type(v) and torch.equal(full(fresh.state[p][k]),
+                                                                      full(v)), k
     return "ok"
 
 

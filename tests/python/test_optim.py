@@ -321,8 +321,10 @@ def one_rank_mesh():
 def test_dtensor_parameters_step_their_local_shard(one_rank_mesh, dtype):
     """A DTensor parameter (FSDP2, tensor parallelism) is stepped through its local shard:
     the same bytes as the plain parameter, written into the DTensor's own memory, with a
-    DTensor gradient. (QuantizedWeight shards come with FSDP2 support, issue 15.)"""
-    from torch.distributed.tensor import Shard, distribute_tensor
+    DTensor gradient; its state tensors are DTensors placed like it (torch.distributed.
+    checkpoint saves and reshards them). (QuantizedWeight shards: tests/python/fsdp_cases.py,
+    the adam_* cases.)"""
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
     torch.manual_seed(0)
     value = torch.randn(6, 10).to(dtype)
     plain = torch.nn.Parameter(value.clone())
@@ -337,7 +339,9 @@ def test_dtensor_parameters_step_their_local_shard(one_rank_mesh, dtype):
         opt_sharded.step()
         assert torch.equal(sharded.detach().full_tensor(), plain.detach()), f"step {step}"
     for key in ("exp_avg", "exp_avg_sq") + (("master",) if dtype != torch.float32 else ()):
-        assert torch.equal(opt_sharded.state[sharded][key], opt_plain.state[plain][key]), key
+        state = opt_sharded.state[sharded][key]
+        assert isinstance(state, DTensor) and state.placements == sharded.placements, key
+        assert torch.equal(state.full_tensor(), opt_plain.state[plain][key]), key
 
 
 # ---------------------------------------------------------------- initial masters
