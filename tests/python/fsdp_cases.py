@@ -593,6 +593,46 @@ def case_adam_training(rank, world, args):
     return "ok"
 
 
+def case_adam_grouped(rank, world, args):
+    """GroupedLinear's single grouped parameter under FSDP2 + FusedAdam, shards cutting
+    experts: three steps equal single-process FusedAdam bit for bit, for a block format
+    (fused path on each shard's expert parts) and per-tensor ones (each expert's amax
+    all-reduced)."""
+    experts, out, cols = 3, 128, 128
+    for name in ("mxfp8", "float8", "nvfp4"):
+        models = []
+        for shard in (True, False):
+            recipe = weight_recipe(FORMATS[name])
+            if not shard:
+                recipe.amax_reduction_group = None
+            torch.manual_seed(3)
+            with qrecipe.quantized_model_init(recipe, keep_init_values=True):
+                model = qrecipe.nn.GroupedLinear(experts, cols, out, bias=False,
+                                                 name="experts", device=DEVICE)
+            if shard:
+                fully_shard(model)
+            models.append((model, adam_opt(model), recipe))
+        torch.manual_seed(4)
+        for step in range(3):
+            x = torch.randn(24, cols, device=DEVICE)
+            outs = []
+            for model, opt, recipe in models:
+                with qrecipe.autocast(recipe):
+                    y = model(x, [8, 8, 8])
+                y.float().square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+                outs.append(y.detach())
+            assert torch.equal(*outs), f"grouped {name}: step {step} output"
+        (model, opt, _), (ref, ref_opt, _) = models
+        same_model(model, ref, f"grouped {name} after 3 steps")
+        same_adam_state(opt, model, ref_opt, ref, f"grouped {name} after 3 steps")
+        if world > 1:
+            want = "fused" if name == "mxfp8" else "two_pass"
+            assert set(opt.last_paths.values()) == {want}, (name, opt.last_paths)
+    return "ok"
+
+
 def case_adam_dcp(rank, world, args):
     """torch.distributed.checkpoint of the model and FusedAdam's state (DTensors: masters,
     moments; the step counts) after three steps (float8 current scaling: its shards take the
@@ -746,6 +786,7 @@ def case_refusals(rank, world, args):
 CASES = {"gather": case_gather, "gather_grouped": case_gather_grouped, "bytes": case_bytes,
          "training": case_training, "delayed_state": case_delayed_state, "meta_init": case_meta_init, "dcp": case_dcp,
          "refusals": case_refusals, "adam_training": case_adam_training,
+         "adam_grouped": case_adam_grouped,
          "adam_dcp": case_adam_dcp, "adam_refusals": case_adam_refusals}
 
 

@@ -18,6 +18,7 @@ and this file reports each case as a test:
 - adam_training: ten steps under FSDP2 + qrecipe.optim.FusedAdam equal single-process
   FusedAdam (losses, gathered weights, masters, moments) bit for bit, for float8 current and
   delayed, mxfp8 (fused path on the shards), nvfp4 and hybrid (shared-amax two-pass path);
+- adam_grouped: the same for GroupedLinear's grouped parameter, shards cutting experts;
 - adam_dcp: model + FusedAdam state through torch.distributed.checkpoint (torch's
   get/set_optimizer_state_dict), the step after loading equal to the saving run's; at world
   size 4 also world size 2's checkpoint (adam_dcp_reshard);
@@ -37,7 +38,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 BACKEND = os.environ.get("QRECIPE_FSDP_BACKEND", "gloo")
 WORLDS = [int(w) for w in os.environ.get("QRECIPE_FSDP_WORLDS", "1,2,4").split(",")]
 TIMEOUT_S = 900  # one launch (all its cases); generous for 4 processes on 2 loaded cores
-ADAM = ["adam_training", "adam_dcp", "adam_refusals"]
+ADAM = ["adam_training", "adam_grouped", "adam_dcp", "adam_refusals"]
 CASES = {
     1: ["gather", "gather_grouped", "bytes", "training", "delayed_state", "meta_init", "dcp"] +
     ADAM,
