@@ -215,7 +215,8 @@ class FusedAdam(torch.optim.Optimizer):
         grad = _local(grad)
         if isinstance(grad, QuantizedWeight):
             # zeros_like(param) of a quantized parameter (what torch.distributed.checkpoint's
-            # get/set_optimizer_state_dict set as gradients to create the state): its values
+            # get/set_optimizer_state_dict set as gradients to create the state): read as the
+            # values it holds
             grad = grad._decode()
         if grad.layout != torch.strided:
             raise RuntimeError(f"FusedAdam: the gradient of {name} is {grad.layout}; FusedAdam "
