@@ -73,7 +73,9 @@ def _shared_amax_shard(local: torch.Tensor) -> bool:
     """A QuantizedWeight shard whose requantization needs the amax of rows other ranks hold
     (float8 current and delayed, nvfp4's tensor scale, a hybrid side with one): the step
     updates its master, then quantizes all such shards with ONE amax all-reduce per process
-    group (qrecipe.quantized_param.requantize_)."""
+    group (qrecipe.quantized_param.requantize_). Delayed scaling too: its data is cast with
+    its state's scale, but the tensor keeps the amax it was quantized from, which the gathered
+    weight's row ranges must share (the all-gather refuses ranges of different amaxes)."""
     return isinstance(local, QuantizedWeight) and local.needs_shared_amax
 
 
