@@ -14,11 +14,15 @@ reshard_after_forward=True. Defaults: d=2048, ffn=8192, 8 blocks: 403M parameter
   <recipe>   the model built under qrecipe.quantized_model_init(recipe): every GEMM weight a
              QuantizedWeight (BF16 dtype); FSDP2 all-gathers its quantized bytes (the hooks of
              QuantizedWeight, docs/adapter.md "FSDP2") and reduce-scatters BF16 gradients.
-             Optimizer: FP32 master copies of the local shards stepped by
+             Optimizer: qrecipe.optim.FusedAdam on the local shards (FP32 masters and moments;
+             block-scaled shards -- mxfp8, blockwise -- updated and requantized in one fused
+             pass; per-tensor-scaled ones -- float8, nvfp4, hybrid's float8 side -- updated,
+             then quantized with the whole master's amax: one all-reduce for all of them).
+  <recipe>+adamw   (--adamw-recipes) the same model with the unfused master-weight path, for
+             comparison: FP32 master copies of the local shards stepped by
              torch.optim.AdamW(fused=True), then requantized into the quantized shards with
-             qrecipe.quantized_param.requantize_ (one amax all-reduce for all the per-tensor
-             scaled shards). (qrecipe.optim.FusedAdam is not on main; this is the master-weight
-             path main has.)
+             qrecipe.quantized_param.requantize_ (one amax all-reduce for the per-tensor
+             scaled shards).
 
 Per configuration, on each rank: --warmup steps, then --steps timed steps (CUDA events on the
 GPU), of --tokens tokens per rank:
@@ -96,8 +100,8 @@ class Model(torch.nn.Module):
 
 
 def build(name, recipe, d, ffn, blocks, device, shard: bool, mesh=None):
-    """(model, optimizer step function) of configuration `name` ("bf16" or a recipe),
-    sharded over `mesh` (default: the world)."""
+    """(model, optimizer step function) of configuration `name` ("bf16", a recipe, or
+    "<recipe>+adamw"), sharded over `mesh` (default: the world)."""
     torch.manual_seed(0)
     if recipe is None:
         model = Model(d, ffn, blocks, device, torch.float32)
@@ -121,7 +125,23 @@ def build(name, recipe, d, ffn, blocks, device, shard: bool, mesh=None):
             opt.step()
             opt.zero_grad(set_to_none=True)
         return model, step
-    return model, master_adamw(model)
+    if name.endswith(ADAMW):
+        return model, master_adamw(model)
+    opt = qrecipe.optim.FusedAdam(model.parameters(), lr=1e-4)
+
+    def fused_step():
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model, fused_step
+
+
+ADAMW = "+adamw"  # a recipe configuration stepped by AdamW on FP32 masters + requantize_
+
+
+def recipe_of(name):
+    """The recipe of configuration `name` (None for bf16)."""
+    return None if name == "bf16" else qrecipe.Recipe.builtin(name[:-len(ADAMW)] if
+                                                               name.endswith(ADAMW) else name)
 
 
 def master_adamw(model):
@@ -252,7 +272,7 @@ def peak_memory(device) -> float:
 
 # ---------------------------------------------------------------- the runs
 def bench_config(name, args, rank, world, device, counter, timer) -> dict:
-    recipe = None if name == "bf16" else qrecipe.Recipe.builtin(name)
+    recipe = recipe_of(name)
     gc.collect()  # the previous configuration's model and optimizer state
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -289,7 +309,7 @@ def equality(name, args, rank, world, device) -> dict:
     batch: the same code path, one process."""
     from torch.distributed.device_mesh import DeviceMesh
     alone = dist.new_group([0])  # every rank takes part in creating it
-    recipe = None if name == "bf16" else qrecipe.Recipe.builtin(name)
+    recipe = recipe_of(name)
     d, ffn, blocks = args.hidden, args.ffn, args.equality_blocks
     g = torch.Generator(device="cpu").manual_seed(1234)
     batches = [torch.randn(args.equality_tokens, d, generator=g).to(device, torch.bfloat16)
@@ -306,7 +326,7 @@ def equality(name, args, rank, world, device) -> dict:
     if rank == 0:
         ref_recipe = None
         if recipe is not None:
-            ref_recipe = qrecipe.Recipe.builtin(name)
+            ref_recipe = recipe_of(name)
             ref_recipe.amax_reduction_group = None  # one process: its own amaxes
         mesh = DeviceMesh.from_group(alone, device.type)
         model, opt_step = build(name, ref_recipe, d, ffn, blocks, device, shard=True, mesh=mesh)
@@ -329,6 +349,7 @@ def markdown(device_name, world, args, rows, checks) -> str:
              f"({rows[0]['parameters'] / 1e6 if rows else 0:.0f}M parameters), "
              f"{args.tokens} tokens per GPU per step; step = forward + backward + optimizer; "
              "bf16 = FP32 params, BF16 gather/reduce, AdamW(fused); recipes = quantized "
+             "weights, qrecipe.optim.FusedAdam on the shards; <recipe>+adamw = quantized "
              "weights, FP32 masters + AdamW(fused) + requantize_.", "",
              "| config | ms/step | vs bf16 | tokens/s/GPU | MB gathered | x bf16 | "
              "MB reduce-scattered | peak GiB |", "|---|---|---|---|---|---|---|---|"]
@@ -358,7 +379,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="bench_fsdp.json")
     parser.add_argument("--md", default=None, help="markdown table (default: --out with .md)")
-    parser.add_argument("--recipes", default="default,float8_delayed,blockwise,hybrid_fp8_mx")
+    parser.add_argument("--recipes", default="default,float8_delayed,blockwise,hybrid_fp8_mx",
+                        help="recipes stepped by qrecipe.optim.FusedAdam")
+    parser.add_argument("--adamw-recipes", default="default,blockwise",
+                        help="recipes also run as '<recipe>+adamw': FP32 masters stepped by "
+                        "torch.optim.AdamW(fused=True), then requantize_ (the unfused path)")
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--ffn", type=int, default=8192)
     parser.add_argument("--blocks", type=int, default=8)
@@ -397,7 +422,9 @@ def main() -> int:
                          f"over {world} ranks")
     counter, timer = CollectiveBytes(), Timer(device)
     rows, failures = [], 0
-    for name in ["bf16"] + [n for n in args.recipes.split(",") if n]:
+    configs = ["bf16"] + [n for n in args.recipes.split(",") if n] + \
+        [n + ADAMW for n in args.adamw_recipes.split(",") if n]
+    for name in configs:
         try:
             row = bench_config(name, args, rank, world, device, counter, timer)
         except (ValueError, RuntimeError) as error:  # reported, the other configs still run

@@ -35,7 +35,8 @@
 #              BF16, step time and collective bytes; skipped when fewer than 2 GPUs are visible
 #   fsdp       torchrun on FSDP_WORLD GPUs (default 2; NCCL; NVLink multicast off) of
 #              bench/bench_fsdp.py --out $OUT/bench_fsdp_ws<N>.json (and .md): FSDP2 steps
-#              per recipe against BF16 FSDP2 + AdamW(fused), bytes all-gathered and
+#              per recipe (qrecipe.optim.FusedAdam; <recipe>+adamw: FP32 masters + AdamW +
+#              requantize_) against BF16 FSDP2 + AdamW(fused), bytes all-gathered and
 #              reduce-scattered, peak memory, and the world-size-N vs one-GPU equality check
 #              (about 2 minutes on 2 H100s); skipped when fewer than 2 GPUs are visible
 #   optim      the optimizer's GPU checks alone, after the build stage (about a minute on an

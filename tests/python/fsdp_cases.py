@@ -487,6 +487,261 @@ def case_dcp(rank, world, args):
     return "ok"
 
 
+# ------------------------------------------------------------- qrecipe.optim.FusedAdam
+ADAM_RECIPES = {  # builtin recipes, and weights of one format (mxfp8 inputs / gradients)
+    "default": lambda: qrecipe.Recipe.builtin("default"),          # float8 current: two-pass
+    "mxfp8": lambda: qrecipe.Recipe.builtin("mxfp8"),              # block scales: fused
+    "float8_delayed": lambda: qrecipe.Recipe.builtin("float8_delayed"),
+    "nvfp4": lambda: weight_recipe(FORMATS["nvfp4"]),              # second-level tensor scale
+    "hybrid": lambda: weight_recipe(FORMATS["hybrid"]),            # float8 side + mxfp8 side
+}
+
+
+def adam_model(recipe, seed, shard):
+    """The two-block transformer under `recipe`, its quantized weights' initial values kept
+    (FusedAdam's masters start from them), sharded by FSDP2 (every block and the root) when
+    `shard`."""
+    torch.manual_seed(seed)
+    with qrecipe.quantized_model_init(recipe, keep_init_values=True):
+        model = Transformer()
+    if shard:
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+    return model
+
+
+def adam_opt(model):
+    return qrecipe.optim.FusedAdam(model.named_parameters(), lr=1e-3, betas=(0.9, 0.99),
+                                   weight_decay=0.01)
+
+
+def adam_steps(model, opt, recipe, data):
+    losses = []
+    for x, target in data:
+        with qrecipe.autocast(recipe):
+            loss = F.mse_loss(model(x), target)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+    return losses
+
+
+def adam_data(steps, seed=99):
+    torch.manual_seed(seed)
+    return [(torch.randn(2, 16, 128, device=DEVICE), torch.randn(2, 16, 128, device=DEVICE))
+            for _ in range(steps)]
+
+
+def full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def same_adam_state(opt, model, ref_opt, ref, what):
+    """Every parameter's master, moments and step equal the single-process optimizer's (the
+    shards' rows of them), bit for bit."""
+    refs = dict(ref.named_parameters())
+    for n, p in model.named_parameters():
+        mine, theirs = opt.state[p], ref_opt.state[refs[n]]
+        assert mine.keys() == theirs.keys(), (what, n, list(mine), list(theirs))
+        for k in mine:
+            if k != "step":
+                assert type(mine[k]).__name__ == type(p).__name__, (what, n, k, type(mine[k]))
+            assert torch.equal(full(mine[k]), theirs[k]), f"{what}: {n} '{k}'"
+
+
+def same_model(model, ref, what):
+    refs = dict(ref.named_parameters())
+    for n, p in model.named_parameters():
+        whole = full(p)
+        if isinstance(whole, QuantizedWeight):
+            same_weight(whole, refs[n], f"{what} {n}")
+        else:
+            assert torch.equal(whole, refs[n]), f"{what} {n}"
+
+
+def case_adam_training(rank, world, args):
+    """Ten steps of the two-block transformer under FSDP2 + qrecipe.optim.FusedAdam equal
+    single-process FusedAdam training bit for bit (losses, gathered weights, masters and
+    moments), per recipe: each rank's gradient is the single-process one (every rank trains
+    on the same batch; see case_training for why FSDP2's average of equal values is exact);
+    the update is elementwise on the shard's rows; mxfp8 shards (block scales inside the
+    shard) take the fused one-pass kernels, float8 current / delayed, nvfp4 and hybrid
+    shards the two-pass path with the amax of the whole new master (one all-reduce)."""
+    steps = 10
+    data = adam_data(steps)
+    for name, make in ADAM_RECIPES.items():
+        recipe, ref_recipe = make(), make()
+        ref_recipe.amax_reduction_group = None
+        model, ref = adam_model(recipe, 21, True), adam_model(ref_recipe, 21, False)
+        opt, ref_opt = adam_opt(model), adam_opt(ref)
+        paths = {}
+        for step, batch in enumerate(data):
+            (loss,), (ref_loss,) = (adam_steps(model, opt, recipe, [batch]),
+                                    adam_steps(ref, ref_opt, ref_recipe, [batch]))
+            assert torch.equal(loss, ref_loss), \
+                f"{name}: step {step} loss {loss.item()} vs {ref_loss.item()}"
+            paths.update(opt.last_paths)
+        same_model(model, ref, f"{name} after {steps} steps")
+        same_adam_state(opt, model, ref_opt, ref, f"{name} after {steps} steps")
+        quantized = [v for k, v in paths.items() if "QuantizedWeight" in k]
+        assert quantized, (name, paths)
+        if world > 1:  # which path the shards took
+            want = "fused" if name == "mxfp8" else "two_pass"
+            assert set(quantized) == {want}, (name, set(quantized))
+    return "ok"
+
+
+def case_adam_grouped(rank, world, args):
+    """GroupedLinear's single grouped parameter under FSDP2 + FusedAdam, shards cutting
+    experts: three steps equal single-process FusedAdam bit for bit, for a block format
+    (fused path on each shard's expert parts) and per-tensor ones (each expert's amax
+    all-reduced)."""
+    experts, out, cols = 3, 128, 128
+    for name in ("mxfp8", "float8", "nvfp4"):
+        models = []
+        for shard in (True, False):
+            recipe = weight_recipe(FORMATS[name])
+            if not shard:
+                recipe.amax_reduction_group = None
+            torch.manual_seed(3)
+            with qrecipe.quantized_model_init(recipe, keep_init_values=True):
+                model = qrecipe.nn.GroupedLinear(experts, cols, out, bias=False,
+                                                 name="experts", device=DEVICE)
+            if shard:
+                fully_shard(model)
+            models.append((model, adam_opt(model), recipe))
+        torch.manual_seed(4)
+        for step in range(3):
+            x = torch.randn(24, cols, device=DEVICE)
+            outs = []
+            for model, opt, recipe in models:
+                with qrecipe.autocast(recipe):
+                    y = model(x, [8, 8, 8])
+                y.float().square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+                outs.append(y.detach())
+            assert torch.equal(*outs), f"grouped {name}: step {step} output"
+        (model, opt, _), (ref, ref_opt, _) = models
+        same_model(model, ref, f"grouped {name} after 3 steps")
+        same_adam_state(opt, model, ref_opt, ref, f"grouped {name} after 3 steps")
+        if world > 1:
+            want = "fused" if name == "mxfp8" else "two_pass"
+            assert set(opt.last_paths.values()) == {want}, (name, opt.last_paths)
+    return "ok"
+
+
+def case_adam_dcp(rank, world, args):
+    """torch.distributed.checkpoint of the model and FusedAdam's state (DTensors: masters,
+    moments; the step counts) after three steps (float8 current scaling: its shards take the
+    shared-amax path), through torch's get/set_optimizer_state_dict: the loaded state equals
+    the saved one bit for bit, and the fourth step taken after loading equals the fourth step
+    of the run that saved it -- with --checkpoint, a run at world size 2 loaded here at
+    another world size (resharding). A state dict of whole tensors loads as each rank's rows."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
+                                                         set_optimizer_state_dict)
+    data = adam_data(4, seed=5)
+    save_dir = os.path.join(args.out, f"adam-checkpoint-{world}")
+    if args.checkpoint is None:
+        recipe = qrecipe.Recipe.builtin("default")
+        model = adam_model(recipe, 31, True)
+        opt = adam_opt(model)
+        adam_steps(model, opt, recipe, data[:3])
+        osd = get_optimizer_state_dict(model, opt)
+        dcp.save({"model": model.state_dict(), "optim": osd}, checkpoint_id=save_dir)
+        saved = {k: {n: full(v).clone() for n, v in s.items()} for k, s in osd["state"].items()}
+        adam_steps(model, opt, recipe, data[3:])
+        after = {n: full(p) for n, p in model.named_parameters()}
+        masters = {n: full(opt.state[p]["master"]) for n, p in model.named_parameters()
+                   if "master" in opt.state[p]}
+        if rank == 0:
+            torch.save({"saved": saved, "weights": after, "masters": masters},
+                       os.path.join(args.out, f"adam-reference-{world}.pt"))
+        dist.barrier()
+        source, reference_path = save_dir, os.path.join(args.out, f"adam-reference-{world}.pt")
+    else:
+        source = os.path.join(os.path.dirname(args.checkpoint), "adam-checkpoint-" +
+                              args.checkpoint.rsplit("-", 1)[1])
+        reference_path = os.path.join(os.path.dirname(args.checkpoint), "adam-reference-" +
+                                      args.checkpoint.rsplit("-", 1)[1] + ".pt")
+    reference = torch.load(reference_path, weights_only=True)
+    recipe = qrecipe.Recipe.builtin("default")
+    model = adam_model(recipe, 77, True)  # other weights, to be overwritten
+    with qrecipe.autocast(qrecipe.Recipe.builtin("default")):  # the state dict's keys
+        model(torch.randn(2, 16, 128, device=DEVICE))           # (see case_dcp)
+    model.reshard()
+    opt = adam_opt(model)
+    state = {"model": model.state_dict(), "optim": get_optimizer_state_dict(model, opt)}
+    dcp.load(state, checkpoint_id=source)
+    model.load_state_dict(state["model"])
+    set_optimizer_state_dict(model, opt, state["optim"])
+    loaded = get_optimizer_state_dict(model, opt)["state"]
+    assert loaded.keys() == reference["saved"].keys(), (list(loaded), list(reference["saved"]))
+    for n, s in loaded.items():
+        for k, v in s.items():
+            assert torch.equal(full(v), reference["saved"][n][k]), \
+                f"loaded {n} {k!r}: {full(v).flatten()[:4]} vs {reference['saved'][n][k].flatten()[:4]}"
+    adam_steps(model, opt, recipe, data[3:])
+    for n, p in model.named_parameters():
+        whole = full(p)
+        if isinstance(whole, QuantizedWeight):
+            same_weight(whole, reference["weights"][n], f"step 4 after loading: {n}")
+        else:
+            assert torch.equal(whole, reference["weights"][n]), n
+        if n in reference["masters"]:
+            assert torch.equal(full(opt.state[p]["master"]), reference["masters"][n]), n
+    # A state dict of whole tensors (one process's, or gathered) loads too: each rank takes
+    # its rows of them.
+    whole = opt.state_dict()
+    whole["state"] = {i: {k: full(v).clone() for k, v in s.items()}
+                      for i, s in whole["state"].items()}
+    fresh = adam_opt(model)
+    fresh.load_state_dict(whole)
+    for p in model.parameters():
+        for k, v in opt.state[p].items():
+            assert type(fresh.state[p][k]) is type(v) and torch.equal(full(fresh.state[p][k]),
+                                                                      full(v)), k
+    return "ok"
+
+
+def case_adam_refusals(rank, world, args):
+    """What FusedAdam cannot do with quantized shards is refused, naming the parameter:
+    capturable=True with a shard of a per-tensor-scaled format (its amax all-reduce runs on
+    the host); a DTensor state placed otherwise than its parameter at load time."""
+    model = adam_model(qrecipe.Recipe.builtin("default"), 3, True)
+    if world > 1:  # (one rank holds whole weights: nothing to all-reduce)
+        try:
+            qrecipe.optim.FusedAdam(model.named_parameters(), capturable=True)
+            raise AssertionError("capturable=True accepted a shared-amax shard")
+        except NotImplementedError as error:
+            text = str(error)
+            assert "parameter 'blocks.0.qkv.weight'" in text and "capturable=False" in text, \
+                text
+    # Block-scaled shards are capturable-eligible (their step needs no collective).
+    mx = adam_model(qrecipe.Recipe.builtin("mxfp8"), 3, True)
+    qrecipe.optim.FusedAdam(mx.named_parameters(), capturable=True)
+    opt = adam_opt(model)
+    adam_steps(model, opt, qrecipe.Recipe.builtin("default"), adam_data(1))
+    sd = opt.state_dict()
+    from torch.distributed.tensor import Replicate
+    for s in sd["state"].values():
+        if "master" in s and hasattr(s["master"], "redistribute") and world > 1:
+            s["master"] = s["master"].redistribute(placements=[Replicate()])
+            break
+    if world > 1:
+        try:
+            opt.load_state_dict(sd)
+            raise AssertionError("a DTensor placed otherwise loaded")
+        except ValueError as error:
+            text = str(error)
+            assert "'master' of parameter 'blocks.0.qkv.weight'" in text and \
+                "torch.distributed.checkpoint" in text, text
+    return "ok"
+
+
 def case_refusals(rank, world, args):
     """A shard boundary inside a scale block: refused at fully_shard time (qrecipe's, naming
     the parameter and the multiple; torch's own, from the split); an uneven shard: refused
@@ -530,7 +785,9 @@ def case_refusals(rank, world, args):
 
 CASES = {"gather": case_gather, "gather_grouped": case_gather_grouped, "bytes": case_bytes,
          "training": case_training, "delayed_state": case_delayed_state, "meta_init": case_meta_init, "dcp": case_dcp,
-         "refusals": case_refusals}
+         "refusals": case_refusals, "adam_training": case_adam_training,
+         "adam_grouped": case_adam_grouped,
+         "adam_dcp": case_adam_dcp, "adam_refusals": case_adam_refusals}
 
 
 def main() -> int:

@@ -14,7 +14,15 @@ and this file reports each case as a test:
 - meta_init: meta device + quantized_model_init + fully_shard + to_empty + reset_parameters;
 - dcp: torch.distributed.checkpoint round trip, and the world-size-2 checkpoint loaded at
   world size 4 (resharding);
-- refusals: the shard-boundary and uneven-shard errors.
+- refusals: the shard-boundary and uneven-shard errors;
+- adam_training: ten steps under FSDP2 + qrecipe.optim.FusedAdam equal single-process
+  FusedAdam (losses, gathered weights, masters, moments) bit for bit, for float8 current and
+  delayed, mxfp8 (fused path on the shards), nvfp4 and hybrid (shared-amax two-pass path);
+- adam_grouped: the same for GroupedLinear's grouped parameter, shards cutting experts;
+- adam_dcp: model + FusedAdam state through torch.distributed.checkpoint (torch's
+  get/set_optimizer_state_dict), the step after loading equal to the saving run's; at world
+  size 4 also world size 2's checkpoint (adam_dcp_reshard);
+- adam_refusals: what FusedAdam refuses for quantized shards, and its messages.
 """
 import json
 import os
@@ -30,11 +38,13 @@ HERE = pathlib.Path(__file__).resolve().parent
 BACKEND = os.environ.get("QRECIPE_FSDP_BACKEND", "gloo")
 WORLDS = [int(w) for w in os.environ.get("QRECIPE_FSDP_WORLDS", "1,2,4").split(",")]
 TIMEOUT_S = 900  # one launch (all its cases); generous for 4 processes on 2 loaded cores
+ADAM = ["adam_training", "adam_grouped", "adam_dcp", "adam_refusals"]
 CASES = {
-    1: ["gather", "gather_grouped", "bytes", "training", "delayed_state", "meta_init", "dcp"],
+    1: ["gather", "gather_grouped", "bytes", "training", "delayed_state", "meta_init", "dcp"] +
+    ADAM,
     2: ["gather", "gather_grouped", "bytes", "training", "delayed_state", "meta_init", "dcp",
-        "refusals"],
-    4: ["gather", "gather_grouped", "training", "meta_init", "dcp", "refusals"],
+        "refusals"] + ADAM,
+    4: ["gather", "gather_grouped", "training", "meta_init", "dcp", "refusals"] + ADAM,
 }
 
 pytestmark = pytest.mark.skipif(
@@ -102,13 +112,15 @@ def launches(tmp_path_factory):
     for world in WORLDS:
         done[world] = launch(world, root / f"world{world}", CASES.get(world, CASES[2]))
         if world == 4 and 2 in done:
-            done[4]["dcp_reshard"] = launch(4, root / "world4-reshard", ["dcp"],
-                                            root / "world2" / "checkpoint-2")["dcp"]
+            resharded = launch(4, root / "world4-reshard", ["dcp", "adam_dcp"],
+                               root / "world2" / "checkpoint-2")
+            done[4]["dcp_reshard"] = resharded["dcp"]
+            done[4]["adam_dcp_reshard"] = resharded["adam_dcp"]
     return done
 
 
 ALL = [(w, c) for w in WORLDS for c in CASES.get(w, CASES[2])] + \
-    ([(4, "dcp_reshard")] if 2 in WORLDS and 4 in WORLDS else [])
+    ([(4, "dcp_reshard"), (4, "adam_dcp_reshard")] if 2 in WORLDS and 4 in WORLDS else [])
 
 
 @pytest.mark.parametrize("world,case", ALL, ids=[f"world{w}-{c}" for w, c in ALL])

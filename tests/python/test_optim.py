@@ -321,8 +321,10 @@ def one_rank_mesh():
 def test_dtensor_parameters_step_their_local_shard(one_rank_mesh, dtype):
     """A DTensor parameter (FSDP2, tensor parallelism) is stepped through its local shard:
     the same bytes as the plain parameter, written into the DTensor's own memory, with a
-    DTensor gradient. (QuantizedWeight shards come with FSDP2 support, issue 15.)"""
-    from torch.distributed.tensor import Shard, distribute_tensor
+    DTensor gradient; its state tensors are DTensors placed like it (torch.distributed.
+    checkpoint saves and reshards them). (QuantizedWeight shards: tests/python/fsdp_cases.py,
+    the adam_* cases.)"""
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
     torch.manual_seed(0)
     value = torch.randn(6, 10).to(dtype)
     plain = torch.nn.Parameter(value.clone())
@@ -337,7 +339,9 @@ def test_dtensor_parameters_step_their_local_shard(one_rank_mesh, dtype):
         opt_sharded.step()
         assert torch.equal(sharded.detach().full_tensor(), plain.detach()), f"step {step}"
     for key in ("exp_avg", "exp_avg_sq") + (("master",) if dtype != torch.float32 else ()):
-        assert torch.equal(opt_sharded.state[sharded][key], opt_plain.state[plain][key]), key
+        state = opt_sharded.state[sharded][key]
+        assert isinstance(state, DTensor) and state.placements == sharded.placements, key
+        assert torch.equal(state.full_tensor(), opt_plain.state[plain][key]), key
 
 
 # ---------------------------------------------------------------- initial masters
@@ -552,6 +556,48 @@ def test_non_finite_gradients_propagate_like_torch_adamw(name):
     finite = torch.isfinite(master).sum()
     assert finite == master.numel() - 2
     assert_same_bytes(quantized_bytes(w), master_bytes(w, master), f"{name} non-finite")
+
+
+@pytest.mark.parametrize("name", ["default", "mxfp8"])
+def test_grad_scaler_skips_steps_with_non_finite_gradients(name):
+    """The found_inf skip FusedAdam leaves to torch.amp.GradScaler: scaler.step(opt) unscales
+    the gradients, finds an Inf and does not step, so masters, moments, step counts and the
+    quantized bytes stay as they were; the next finite step runs (and lowers the scale)."""
+    recipe, model = quantized_model(name)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = FusedAdam(params, **HYPER)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    x = torch.randn(4, model.fc.weight.shape[1])
+
+    def backward(poison: bool):
+        with qrecipe.autocast(recipe):
+            loss = (model.fc(x) * model.scale).float().square().mean()
+        scaler.scale(loss).backward()
+        if poison:
+            model.fc.weight.grad[0, 0] = float("inf")
+
+    backward(False)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    w = model.fc.weight
+    state = {id(p): {k: v.clone() for k, v in opt.state[p].items()} for p in params}
+    before = quantized_bytes(w)
+    backward(True)
+    scaler.step(opt)
+    scale = scaler.get_scale()
+    scaler.update()
+    opt.zero_grad()
+    assert scaler.get_scale() == scale / 2  # the skip was seen
+    for p in params:
+        for k, v in opt.state[p].items():
+            assert torch.equal(v, state[id(p)][k]), (k, p.shape)
+    assert_same_bytes(quantized_bytes(w), before, f"{name} after a skipped step")
+    backward(False)
+    scaler.step(opt)
+    assert float(opt.state[w]["step"]) == 2.0
+    assert_same_bytes(quantized_bytes(w), master_bytes(w, opt.state[w]["master"]),
+                      f"{name} after the next step")
 
 
 # ---------------------------------------------------------------- convergence

@@ -120,12 +120,24 @@ def fully_shard(module: torch.nn.Module, *, mesh=None,
                          "sharded as asked:\n  " + "\n  ".join(problems))
     if reshard_after_forward is not None:
         kwargs["reshard_after_forward"] = reshard_after_forward
+    # Values kept by quantized_model_init(keep_init_values=True), which FusedAdam starts its
+    # masters from: torch's sharding makes new parameter objects, so each shard gets its rows.
+    kept = {name: param.get_high_precision_init_val()
+            for name, param in module.named_parameters()
+            if isinstance(param, QuantizedWeight) and
+            param.get_high_precision_init_val() is not None}
     result = torch_fully_shard(module, mesh=mesh, **kwargs)
-    for param in module.parameters():
+    for name, param in module.named_parameters():
         local = _local(param)
         if isinstance(local, QuantizedWeight) and local is not param:
             storage = local._qstorage
             storage.amax_group = _shard_group(mesh if mesh is not None else param.device_mesh)
             if reshard_after_forward is not None:
                 storage.reshard_after_forward = bool(reshard_after_forward)
+            init = kept.get(name)
+            if init is not None:
+                rows = init.reshape(sum(storage.group_rows), -1)
+                start = storage.row_start + local._start
+                local._high_precision_init_val = rows[start:start + local.shape[0]].reshape(
+                    local.shape).clone()
     return result

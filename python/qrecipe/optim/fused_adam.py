@@ -20,6 +20,16 @@ The arithmetic is the engine's (qrecipe/adam.hpp; the CPU and CUDA paths agree b
 the step runs as ``_C.adam_step`` per device, all tensors of the device in one engine call
 (on CUDA: one multi-tensor launch for the plain parameters, one per format for the quantized
 ones; engine/include/qrecipe/optim.hpp).
+
+DTensor parameters (FSDP2's ``fully_shard``, tensor parallelism) are stepped through their
+local shards; their state tensors are DTensors of the parameter's mesh and placements, so
+``torch.distributed.checkpoint`` saves and reshards them. A QuantizedWeight shard whose format
+keeps its scales inside blocks the shard does not cut (mxfp8, blockwise) takes the fused path
+as a whole weight does: its bytes are the rows of quantizing the whole master. A shard of a
+format with a per-tensor scale or amax (float8 current and delayed, nvfp4, hybrid with such a
+side) needs the amax of the whole new master: its master is updated, then all such shards are
+quantized by ONE ``qrecipe.quantized_param.requantize_`` call (one amax all-reduce per process
+group), after the other parameters' step. Every rank must step the same parameters (SPMD).
 """
 from __future__ import annotations
 
@@ -28,7 +38,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from .._engine import _C
-from ..quantized_param import QuantizedWeight
+from ..quantized_param import QuantizedWeight, requantize_
 
 try:  # FSDP2 / tensor parallelism: the step touches a DTensor's local shard
     from torch.distributed.tensor import DTensor as _DTensor
@@ -46,6 +56,40 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     if _DTensor is not None and isinstance(tensor, _DTensor):
         return tensor.to_local()  # a view of the shard's memory: the step writes through it
     return tensor
+
+
+def _as_param(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """A state tensor made for a parameter's local tensor, as the parameter holds it: a
+    DTensor with the parameter's mesh and placements when the parameter is one (so
+    ``state_dict()`` holds DTensors and torch.distributed.checkpoint saves and reshards it),
+    else the tensor itself."""
+    if _DTensor is not None and isinstance(p, _DTensor):
+        return _DTensor.from_local(local, p.device_mesh, p.placements, run_check=False,
+                                   shape=p.shape, stride=p.stride())
+    return local
+
+
+def _shared_amax_shard(local: torch.Tensor) -> bool:
+    """A QuantizedWeight shard whose requantization needs the amax of rows other ranks hold
+    (float8 current and delayed, nvfp4's tensor scale, a hybrid side with one): the step
+    updates its master, then quantizes all such shards with ONE amax all-reduce per process
+    group (qrecipe.quantized_param.requantize_). Delayed scaling too: its data is cast with
+    its state's scale, but the tensor keeps the amax it was quantized from, which the gathered
+    weight's row ranges must share (the all-gather refuses ranges of different amaxes)."""
+    return isinstance(local, QuantizedWeight) and local.needs_shared_amax
+
+
+def _in_place_target(local: "QuantizedWeight") -> Optional[List[Any]]:
+    """The engine tensors the fused step writes for a QuantizedWeight: one per row group,
+    each the storage's own piece (so the parameter sees the new bytes). None where a group
+    is not one piece here (a shard holding finer pieces): it then takes requantize_."""
+    storage = local._qstorage
+    if not local._whole():
+        return None
+    storage.join_pieces()
+    if not storage.canonical:
+        return None
+    return [piece._cpp for piece in storage.pieces]
 
 
 def _check_hyperparameters(lr, betas, eps, weight_decay, where: str) -> None:
@@ -73,8 +117,9 @@ class FusedAdam(torch.optim.Optimizer):
             group may set its own ``lr``, ``betas``, ``eps``, ``weight_decay``, ``adam_w_mode``.
             Plain parameters may be float32, bfloat16 or float16; ``qrecipe.QuantizedWeight``
             parameters of every format (grouped ones included) are updated through an FP32
-            master and requantized from it after every step. Parameters that do not require
-            grad, or have no gradient, are skipped.
+            master and requantized from it after every step; DTensors of either (FSDP2
+            shards) through their local shards (see the module). Parameters that do not
+            require grad, or have no gradient, are skipped.
         lr, betas, eps, weight_decay: as ``torch.optim.AdamW`` (``lr`` may be a tensor; with
             ``capturable=True`` a float32 tensor on the parameters' device is read by the step
             when it runs).
@@ -82,14 +127,18 @@ class FusedAdam(torch.optim.Optimizer):
         master_weights: keep an FP32 master for BF16/FP16 parameters (the parameter is then
             its rounded copy). Must be True when a QuantizedWeight is trained.
         capturable: step counts on the parameters' device and read there, so a CUDA graph
-            can capture the step (run one eager step first: it creates the state).
+            can capture the step (run one eager step first: it creates the state). Refused
+            for a QuantizedWeight shard of a per-tensor-scaled format (its amax all-reduce
+            runs through the host).
         exp_avg_dtype, exp_avg_sq_dtype: torch.float32 or torch.bfloat16.
 
     Gradients: ``p.main_grad`` when the parameter has one (``fuse_wgrad_accumulation``), else
     ``p.grad``; float32, bfloat16 or float16, read as they are (never reinterpreted), of the
     parameter's shape. A NaN or Inf gradient element propagates like in torch.optim.AdamW: it
     makes that element's moments and master NaN/Inf, and the quantized weight encodes them as
-    its format does (use ``torch.amp.GradScaler`` to skip steps with non-finite gradients).
+    its format does. To skip such steps, use ``torch.amp.GradScaler``: its ``step(opt)``
+    unscales the gradients, finds non-finite ones and then does not call ``opt.step()``
+    (tested; the masters, moments, step counts and quantized bytes stay as they were).
     """
 
     def __init__(self, params, lr=1e-3, betas: Tuple[float, float] = (0.9, 0.999),
@@ -131,7 +180,11 @@ class FusedAdam(torch.optim.Optimizer):
         p = group["params"][position]
         names = group.get("param_names")
         label = f"'{names[position]}'" if names else f"#{position}"
-        kind = f"QuantizedWeight {p.format}" if isinstance(p, QuantizedWeight) else str(p.dtype)
+        local = getattr(p, "_local_tensor", p)  # a DTensor: what its shards are
+        kind = f"QuantizedWeight {local.format}" if isinstance(local, QuantizedWeight) else \
+            str(p.dtype)
+        if local is not p:
+            kind += f", DTensor shard of shape {list(local.shape)}"
         return (f"parameter {label} (group {group_index}, index {position}, shape "
                 f"{list(p.shape)}, {kind})")
 
@@ -142,12 +195,13 @@ class FusedAdam(torch.optim.Optimizer):
                     f"FusedAdam(master_weights=False) cannot train {name}: a QuantizedWeight "
                     "is stored quantized, so its updates accumulate in an FP32 master weight. "
                     "Use master_weights=True (the default)")
-            if _local(p) is not p or _local(p)._qstorage.is_shard:
+            if self.capturable and _shared_amax_shard(_local(p)):
                 raise NotImplementedError(
-                    f"FusedAdam cannot train {name} yet: it is a shard (FSDP2 / DTensor) of a "
-                    "QuantizedWeight, whose requantization may need the amax of rows other "
-                    "ranks hold. Keep FP32 masters of the shards and write them with "
-                    "qrecipe.quantized_param.requantize_ (docs/adapter.md, \"FSDP2\")")
+                    f"FusedAdam(capturable=True) cannot train {name}: it is a shard (FSDP2 / "
+                    "DTensor) of a QuantizedWeight whose format has a per-tensor scale or amax, "
+                    "so each step all-reduces the amax of the new master over the shard group "
+                    "on the host, which a CUDA graph cannot capture. Use capturable=False, or "
+                    "a block-scaled format (mxfp8, blockwise) for sharded weights")
             return
         if p.dtype not in _VALUE_DTYPES:
             raise TypeError(f"FusedAdam: {name} has dtype {p.dtype}; FusedAdam updates "
@@ -161,6 +215,11 @@ class FusedAdam(torch.optim.Optimizer):
     @staticmethod
     def _checked_gradient(grad: torch.Tensor, local: torch.Tensor, name: str) -> torch.Tensor:
         grad = _local(grad)
+        if isinstance(grad, QuantizedWeight):
+            # zeros_like(param) of a quantized parameter (what torch.distributed.checkpoint's
+            # get/set_optimizer_state_dict set as gradients to create the state): read as the
+            # values it holds
+            grad = grad._decode()
         if grad.layout != torch.strided:
             raise RuntimeError(f"FusedAdam: the gradient of {name} is {grad.layout}; FusedAdam "
                                "takes dense gradients")
@@ -183,10 +242,13 @@ class FusedAdam(torch.optim.Optimizer):
         (quantized_model_init(keep_init_values=True)), which it then drops, or its dequantized
         value; a BF16/FP16 parameter's value (with master_weights); none for FP32 ones."""
         if isinstance(local, QuantizedWeight):
-            init = p.get_high_precision_init_val() if isinstance(p, QuantizedWeight) else None
+            # A shard (FSDP2) keeps its rows' initial value on the DTensor's own local tensor
+            # (to_local() may return another object over the same bytes).
+            holder = p if isinstance(p, QuantizedWeight) else getattr(p, "_local_tensor", local)
+            init = holder.get_high_precision_init_val()
             if init is not None and tuple(init.shape) == tuple(local.shape):
                 master = init.to(device=local.device, dtype=torch.float32, copy=True)
-                p.clear_high_precision_init_val()
+                holder.clear_high_precision_init_val()
             else:
                 master = local.dequantize(torch.float32).detach()
             return master.contiguous()
@@ -205,7 +267,7 @@ class FusedAdam(torch.optim.Optimizer):
         master = self._initial_master(p, local)
         if master is not None:
             state["master"] = master
-        return state
+        return {k: v if k == "step" else _as_param(p, v) for k, v in state.items()}
 
     # ------------------------------------------------------------ the step
     def _hyper(self, group: Dict[str, Any], state: Dict[str, torch.Tensor],
@@ -257,11 +319,15 @@ class FusedAdam(torch.optim.Optimizer):
 
         by_device: Dict[torch.device, List[tuple]] = {}
         written: List[torch.Tensor] = []
+        shared: List[Tuple[torch.Tensor, torch.Tensor, str]] = []  # (param, master, name)
         for p, local, grad, state, group, name in pending:
+            state = {k: _local(v) for k, v in state.items()}  # a DTensor's state: its shard
             master = state.get("master")
             if isinstance(local, QuantizedWeight):
-                param, target = master, [local.group(i).engine_tensor
-                                         for i in range(local.num_groups)]
+                target = None if _shared_amax_shard(local) else _in_place_target(local)
+                param = master
+                if target is None:  # the master here; its bytes after every device's step
+                    shared.append((p, master, name))
             elif master is not None:
                 param, target = master, local
                 written.append(local)
@@ -275,6 +341,13 @@ class FusedAdam(torch.optim.Optimizer):
         for entries in by_device.values():
             result = _C.adam_step(entries, fused=self._fused, capturable=self.capturable)
             paths.update(zip((entry[0] for entry in entries), result))
+        if shared:
+            # Shards of per-tensor-scaled formats: quantized from their new masters with the
+            # amax of the whole new master (one all-reduce per process group for all of
+            # them), so each shard's bytes are the rows of quantizing the whole master.
+            requantize_([p for p, _, _ in shared], [m for _, m, _ in shared])
+            paths.update((name, "two_pass") for _, _, name in shared)
+            written += [_local(p) for p, _, _ in shared]
         self.last_paths = paths
         # The engine wrote these tensors behind autograd's back: caches keyed by _version
         # (the modules' weight cache) must see the change.
@@ -291,7 +364,13 @@ class FusedAdam(torch.optim.Optimizer):
                 local = _local(p)
                 if not isinstance(local, QuantizedWeight):
                     continue
-                quantizer = local.group(0).engine_tensor.quantizer
+                if _shared_amax_shard(local):
+                    out[self._name(group_index, position)] = (
+                        "two_pass", "a shard (FSDP2) of a format with a per-tensor scale or "
+                        "amax: the new masters' amax is all-reduced over the shard group, then "
+                        "quantized (qrecipe.quantized_param.requantize_)")
+                    continue
+                quantizer = local._qstorage.quantizer
                 path, why = _C.adam_path(quantizer, str(local.device), self.capturable)
                 out[self._name(group_index, position)] = (path if self._fused else "two_pass",
                                                           why if self._fused else "fused=False")
@@ -362,16 +441,16 @@ class FusedAdam(torch.optim.Optimizer):
             if key not in saved:
                 raise ValueError(f"FusedAdam.load_state_dict: the state of {name} has no "
                                  f"'{key}'")
-            state[key] = self._copied(saved[key], local, dtype, key, name)
+            state[key] = self._copied(saved[key], p, local, dtype, key, name)
         if "master" in saved:
             if isinstance(local, QuantizedWeight) or self.master_weights and \
                     local.dtype != torch.float32:
-                state["master"] = self._copied(saved["master"], local, torch.float32, "master",
-                                               name)
+                state["master"] = self._copied(saved["master"], p, local, torch.float32,
+                                               "master", name)
             else:  # an FP32 parameter is its own master: the saved one is its value
                 with torch.no_grad():
-                    local.copy_(self._copied(saved["master"], local, local.dtype, "master",
-                                             name))
+                    local.copy_(_local(self._copied(saved["master"], p, local, local.dtype,
+                                                    "master", name)))
         elif isinstance(local, QuantizedWeight):
             raise ValueError(f"FusedAdam.load_state_dict: the state of {name} has no FP32 "
                              "'master'; a QuantizedWeight's master is part of its optimizer "
@@ -381,14 +460,36 @@ class FusedAdam(torch.optim.Optimizer):
         return state
 
     @staticmethod
-    def _copied(value, local: torch.Tensor, dtype: torch.dtype, key: str,
+    def _copied(value, p: torch.Tensor, local: torch.Tensor, dtype: torch.dtype, key: str,
                 name: str) -> torch.Tensor:
+        """`value` copied into a new tensor of `local`'s shape and device (wrapped as `p` is:
+        a DTensor parameter's state is a DTensor). A DTensor value gives its local shard (it
+        must be sharded as `p` is: what torch.distributed.checkpoint loads into this
+        optimizer's own state_dict()); a whole tensor of a DTensor parameter's global shape
+        gives this rank's rows of it (a state dict saved by one process)."""
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"FusedAdam.load_state_dict: '{key}' of {name} is a "
                             f"{type(value).__name__}, not a tensor")
+        sharded = _DTensor is not None and isinstance(p, _DTensor)
+        if _DTensor is not None and isinstance(value, _DTensor):
+            if not sharded or value.device_mesh != p.device_mesh or \
+                    tuple(value.placements) != tuple(p.placements):
+                raise ValueError(
+                    f"FusedAdam.load_state_dict: '{key}' of {name} is a DTensor placed "
+                    f"{tuple(value.placements)}, but the parameter is "
+                    f"{tuple(p.placements) if sharded else 'not a DTensor'}; load the "
+                    "checkpoint through torch.distributed.checkpoint into this optimizer's "
+                    "state_dict() (it reshards), or pass whole tensors")
+            value = value.to_local()
+        elif sharded and tuple(value.shape) == tuple(p.shape) != tuple(local.shape):
+            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+            shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh,
+                                                                  p.placements)
+            value = value[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
         if tuple(value.shape) != tuple(local.shape):
             raise ValueError(f"FusedAdam.load_state_dict: '{key}' of {name} has shape "
-                             f"{list(value.shape)}; the parameter has {list(local.shape)}")
+                             f"{list(value.shape)}; the parameter has {list(local.shape)}"
+                             f"{' here (its local shard)' if sharded else ''}")
         out = torch.empty(local.shape, dtype=dtype, device=local.device)
         out.copy_(value)
-        return out
+        return _as_param(p, out)
