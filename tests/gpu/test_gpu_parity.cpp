@@ -787,8 +787,9 @@ TEST_CASE("device amax: compute_amax_into and quantize with a device amax equal 
   Tally tally;
   for (const Case& c : cases) {
     for (const Shape shape : {Shape{256, 1024}, Shape{144, 96}, Shape{1008, 992}}) {
-      for (const std::uint32_t usage :
-           {QR_USAGE_ROWWISE, QR_USAGE_COLUMNWISE, QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE}) {
+      const std::uint32_t usages[] = {QR_USAGE_ROWWISE, QR_USAGE_COLUMNWISE,
+                                      QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE};
+      for (const std::uint32_t usage : usages) {
         Sides sides = make_sides(c.yaml);
         const Tensor host = host_source(make_values(shape, Kind::outliers), shape, c.src);
         const Tensor dev = to_target(host, target);
