@@ -713,6 +713,23 @@ TEST_CASE("delayed-scaling state moved cpu -> cuda:0 -> cpu keeps its values") {
                        doctest::Contains("no scaling state of this engine"), qrecipe::Error);
 }
 
+// Data, scale_inv and (where stored) amax of every direction in `usage`: CPU ref vs GPU got.
+static void expect_same_buffers(Tally& tally, const std::string& what, const QuantizedTensor& ref,
+                                const QuantizedTensor& got, std::uint32_t usage) {
+  for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+    if (!(usage & qrecipe::usage_bit(d))) continue;
+    const std::string dir = what + " | " + qrecipe::direction_name(d);
+    expect_equal(tally, dir + " data", host_bytes(ref.data(d)), host_bytes(got.data(d)),
+                 ref.data(d));
+    expect_equal(tally, dir + " scale_inv", host_bytes(ref.scale_inv(d)),
+                 host_bytes(got.scale_inv(d)), ref.scale_inv(d));
+    if (ref.has_amax(d)) {
+      const TensorView ra(ref.direction(d).amax), ga(got.direction(d).amax);
+      expect_equal(tally, dir + " amax", host_bytes(ra), host_bytes(ga), ra);
+    }
+  }
+}
+
 TEST_CASE("hybrid one-read path with caller amaxes equals the CPU reference") {
   if (!qrecipe::cuda_available()) {
     MESSAGE("not supported: " << qrecipe::cuda_status());
@@ -742,17 +759,7 @@ TEST_CASE("hybrid one-read path with caller amaxes equals the CPU reference") {
                                std::to_string(shape.cols) + " | given amax";
       const QuantizedTensor ref = sides.cpu->quantize(host.view(), QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE, opts);
       const QuantizedTensor got = sides.gpu->quantize(dev.view(), QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE, opts, target.allocator);
-      for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
-        const std::string dir = what + " | " + qrecipe::direction_name(d);
-        expect_equal(tally, dir + " data", host_bytes(ref.data(d)), host_bytes(got.data(d)),
-                     ref.data(d));
-        expect_equal(tally, dir + " scale_inv", host_bytes(ref.scale_inv(d)),
-                     host_bytes(got.scale_inv(d)), ref.scale_inv(d));
-        if (ref.has_amax(d)) {
-          const TensorView ra(ref.direction(d).amax), ga(got.direction(d).amax);
-          expect_equal(tally, dir + " amax", host_bytes(ra), host_bytes(ga), ra);
-        }
-      }
+      expect_same_buffers(tally, what, ref, got, QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE);
     }
   }
   MESSAGE(tally.buffers << " buffers compared, " << tally.failures << " failures");
@@ -815,18 +822,7 @@ TEST_CASE("device amax: compute_amax_into and quantize with a device amax equal 
         const QuantizedTensor ref = sides.cpu->quantize(host.view(), usage, host_opts);
         const QuantizedTensor got =
             sides.gpu->quantize(dev.view(), usage, dev_opts, target.allocator);
-        for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
-          if (!(usage & qrecipe::usage_bit(d))) continue;
-          const std::string dir = what + " | " + qrecipe::direction_name(d);
-          expect_equal(tally, dir + " data", host_bytes(ref.data(d)), host_bytes(got.data(d)),
-                       ref.data(d));
-          expect_equal(tally, dir + " scale_inv", host_bytes(ref.scale_inv(d)),
-                       host_bytes(got.scale_inv(d)), ref.scale_inv(d));
-          if (ref.has_amax(d)) {
-            const TensorView ra(ref.direction(d).amax), ga(got.direction(d).amax);
-            expect_equal(tally, dir + " amax", host_bytes(ra), host_bytes(ga), ra);
-          }
-        }
+        expect_same_buffers(tally, what, ref, got, usage);
       }
     }
   }
