@@ -1,9 +1,11 @@
 // Quantizer: argument checks on the engine side, then the plugin's C functions.
 #include "qrecipe/quantizer.hpp"
 
+#include <cstring>
 #include <sstream>
 
 #include "qrecipe/checked.hpp"
+#include "qrecipe/cuda.hpp"
 #include "qrecipe/engine.hpp"
 #include "qrecipe/registry.hpp"
 
@@ -107,6 +109,27 @@ std::array<float, 2> Quantizer::compute_amax(const TensorView& src, void* stream
   return out;
 }
 
+void Quantizer::compute_amax_into(const TensorView& src, float* out, void* stream) const {
+  check_source(src, src.rows(), src.cols());
+  QR_CHECK(out != nullptr, context("compute_amax_into", &src), ": the output pointer is null");
+  if (const auto fn = plugin_->compute_amax_device_extra()) {
+    if (qr_status status = fn(handle_, &src.c(), stream, out))
+      throw_if_error(status, context("compute_amax_into", &src));
+    return;
+  }
+  // Fallback (plugin_abi.h, QR_EXTRA_COMPUTE_AMAX_DEVICE): the host values, copied.
+  const std::array<float, 2> host = compute_amax(src, stream);
+  if (src.device().is_cpu())
+    std::memcpy(out, host.data(), sizeof host);
+  else
+    copy_to_device(out, host.data(), sizeof host, stream);
+}
+
+bool Quantizer::has_device_amax() const {
+  return plugin_->compute_amax_device_extra() != nullptr &&
+         plugin_->quantize_device_amax_extra() != nullptr;
+}
+
 QuantizedTensor Quantizer::quantize(const TensorView& src, std::uint32_t usage,
                                     const QuantizeOptions& options,
                                     std::shared_ptr<Allocator> allocator) const {
@@ -140,8 +163,33 @@ void Quantizer::quantize_into(const TensorView& src, QuantizedTensor& dst,
   args.has_rng_offset = options.rng_offset.has_value() ? 1 : 0;
   args.rng_offset = options.rng_offset.value_or(0);
   args.stream = options.stream;
+  // Built only on the error paths (the hot path makes no string).
+  const auto where = [&] {
+    return context("quantize", &src) + " (" + usage_str(dst.usage()) + ")";
+  };
+  std::array<float, 2> copied{};
+  if (options.device_amax != nullptr) {
+    QR_CHECK(!options.amax, where(), ": pass the amax either on the host (amax) or on the device "
+             "(device_amax), not both");
+    if (const auto fn = plugin_->quantize_device_amax_extra()) {
+      try {
+        qr_status status = fn(handle_, &src.c(), &args, options.device_amax, &dst.c());
+        if (status == nullptr) return;
+        throw_if_error(status, where());
+      } catch (const Error& e) {
+        // UNSUPPORTED: this quantizer takes no device amax and has written nothing.
+        if (e.code() != QR_STATUS_UNSUPPORTED) throw;
+      }
+    }
+    // Fallback (plugin_abi.h, QR_EXTRA_QUANTIZE_DEVICE_AMAX): the two values through the host.
+    if (src.device().is_cpu())
+      std::memcpy(copied.data(), options.device_amax, sizeof copied);
+    else
+      copy_to_host(copied.data(), options.device_amax, sizeof copied, options.stream);
+    args.amax = copied.data();
+  }
   if (qr_status status = plugin_->c().quantize(handle_, &src.c(), &args, &dst.c()))
-    throw_if_error(status, context("quantize", &src) + " (" + usage_str(dst.usage()) + ")");
+    throw_if_error(status, where());
 }
 
 void Quantizer::dequantize(const QuantizedTensor& src, qr_direction direction,

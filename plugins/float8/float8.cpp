@@ -175,6 +175,37 @@ class Float8Quantizer final : public sdk::QuantizerBase {
     quantize_cpu(src, usage, dst, has_given ? given : ref::amax(src));
   }
 
+  // The device-amax extras (plugin_abi.h, QR_EXTRA_COMPUTE_AMAX_DEVICE /
+  // QR_EXTRA_QUANTIZE_DEVICE_AMAX): the tensor amax into [rowwise, columnwise] on the device
+  // (one amax launch and a device copy), and a quantize whose cast reads the caller's device
+  // amax (current: scale = scale_from_amax on the device, as the host path's
+  // ref::current_scale; delayed: stored and max-accumulated into history row 0 on the device,
+  // as the host path's write_scalars). CPU: the host calls (host memory holds the amax).
+  void compute_amax_device(const qr_tensor_view& src, void* stream, float* amax_out) {
+    sdk::require_supported_device(src.device, kFormat, "compute_amax_device", "the source");
+    if (src.device.type != QR_DEVICE_CUDA) {
+      sdk::compute_amax_device_cpu(*this, src, stream, amax_out);
+      return;
+    }
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    sdk::require_contiguous_source(src, kFormat, "compute_amax_device");
+    cuda::compute_amax(src.data, static_cast<qr_dtype>(src.dtype), sdk::numel(src), amax_out,
+                       src.device.index, stream, amax_out + 1);
+#endif
+  }
+
+  void quantize_device_amax(const qr_tensor_view& src, const qr_quantize_args& args,
+                            const float* amax, qr_quantized_tensor& dst) {
+    if (src.device.type != QR_DEVICE_CUDA) {
+      sdk::quantize_device_amax_cpu(*this, src, args, amax, dst);
+      return;
+    }
+    const std::uint32_t usage =
+        sdk::check_quantize_call(src, args, dst, kFormat, "quantize", *this);
+    quantize_cuda(src, args, dst, false, 0.0f,
+                  (usage & QR_USAGE_ROWWISE) ? amax : amax + 1);
+  }
+
   // Grouped quantization (the descriptor's quantize_grouped extra, plugin_abi.h: every group
   // byte-identical to quantizing its rows alone; plugin_sdk.hpp has checked the generic
   // arguments). CPU: the reference, one group after the other, which is the definition.
@@ -516,8 +547,10 @@ class Float8Quantizer final : public sdk::QuantizerBase {
     }
   }
 
+  // `device_given`: the caller's amax on the device (current scaling), or nullptr.
   void quantize_cuda(const qr_tensor_view& src, const qr_quantize_args& args,
-                     qr_quantized_tensor& dst, bool has_given, float given) {
+                     qr_quantized_tensor& dst, bool has_given, float given,
+                     const float* device_given = nullptr) {
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
     sdk::require_contiguous_source(src, kFormat, "quantize");
     const std::uint32_t usage = args.usage;
@@ -547,7 +580,15 @@ class Float8Quantizer final : public sdk::QuantizerBase {
 
     // Every path is stream-ordered device work: no host synchronization.
     if (o_.scaling == Scaling::current) {
-      if (has_given) {
+      if (device_given != nullptr) {
+        // Stored as given (a bit copy, like write_scalars of the host value); the cast derives
+        // the scale from it on the device.
+        cuda::copy_scalar(device_given, amax_main, amax_other, nullptr, device, args.stream);
+        a.scale.device_amax = device_given;
+        a.scale.fmax = ref::fp8_max(o_.dtype);
+        a.scale.pow2_scales = o_.pow2_scales;
+        a.scale.amax_epsilon = o_.amax_epsilon;
+      } else if (has_given) {
         cuda::write_scalars(amax_main, amax_other, given, nullptr, 0.0f, device, args.stream);
         a.scale.scale = ref::current_scale(given, o_.dtype, o_.pow2_scales, o_.amax_epsilon);
       } else {
@@ -562,7 +603,11 @@ class Float8Quantizer final : public sdk::QuantizerBase {
     } else {
       ensure_state_on(src.device);
       a.scale.device_scale = state_.scale;
-      if (has_given) {
+      if (device_given != nullptr) {
+        // The same from the caller's device amax.
+        cuda::copy_scalar(device_given, amax_main, amax_other, state_.amax_history, device,
+                          args.stream);
+      } else if (has_given) {
         // The caller's amax is stored and joins history row 0 (the reference's fmax).
         cuda::write_scalars(amax_main, amax_other, given, state_.amax_history, given, device,
                             args.stream);
@@ -581,6 +626,7 @@ class Float8Quantizer final : public sdk::QuantizerBase {
     (void)dst;
     (void)has_given;
     (void)given;
+    (void)device_given;
 #endif
   }
 

@@ -401,6 +401,17 @@ __global__ void write_scalars_kernel(float* dst0, float* dst1, float value, floa
   if (max_into && max_value > 0.0f) atomic_max_nonnegative(max_into, max_value);
 }
 
+// write_scalars() with the value read from device memory (a caller's device amax): the same
+// stores, the same max into history row 0 (skipped unless the value is > 0, so NaN and 0 leave
+// it, as for a host value).
+__global__ void write_scalars_from_kernel(const float* src, float* dst0, float* dst1,
+                                          float* max_into) {
+  const float value = *src;
+  if (dst0) *dst0 = value;
+  if (dst1) *dst1 = value;
+  if (max_into && value > 0.0f) atomic_max_nonnegative(max_into, value);
+}
+
 // ---------------------------------------------------------------- 4. launchers, entries
 
 void check_data_dtype(qr_dtype dtype, const char* entry) {
@@ -539,7 +550,7 @@ void run_cast(const CastTransposeArgs& a) {
 }  // namespace
 
 void compute_amax(const void* src, qr_dtype src_dtype, std::int64_t numel, float* amax_out,
-                  int device_index, void* stream) {
+                  int device_index, void* stream, float* amax_out2) {
   sdk::cuda::check_source_dtype(src_dtype, kFormat, "compute_amax");
   QR_CHECK(amax_out != nullptr, "float8 CUDA compute_amax: amax_out is null");
   QR_CHECK(numel == 0 || src != nullptr, "float8 CUDA compute_amax: source of ", numel,
@@ -547,18 +558,21 @@ void compute_amax(const void* src, qr_dtype src_dtype, std::int64_t numel, float
   DeviceGuard guard(device_index, kFormat);
   const cudaStream_t s = as_stream(stream);
   QR_CUDA_CHECK(cudaMemsetAsync(amax_out, 0, sizeof(float), s));
-  if (numel == 0) return;
-  switch (src_dtype) {
-    case QR_DTYPE_F32:
-      launch_amax<F32In>(src, numel, amax_out, nullptr, amax_blocks<F32In>(numel), s);
-      break;
-    case QR_DTYPE_BF16:
-      launch_amax<BF16In>(src, numel, amax_out, nullptr, amax_blocks<BF16In>(numel), s);
-      break;
-    default:
-      launch_amax<F16In>(src, numel, amax_out, nullptr, amax_blocks<F16In>(numel), s);
-      break;
+  if (numel > 0) {
+    switch (src_dtype) {
+      case QR_DTYPE_F32:
+        launch_amax<F32In>(src, numel, amax_out, nullptr, amax_blocks<F32In>(numel), s);
+        break;
+      case QR_DTYPE_BF16:
+        launch_amax<BF16In>(src, numel, amax_out, nullptr, amax_blocks<BF16In>(numel), s);
+        break;
+      default:
+        launch_amax<F16In>(src, numel, amax_out, nullptr, amax_blocks<F16In>(numel), s);
+        break;
+    }
   }
+  if (amax_out2 != nullptr)
+    QR_CUDA_CHECK(cudaMemcpyAsync(amax_out2, amax_out, sizeof(float), cudaMemcpyDeviceToDevice, s));
 }
 
 float compute_amax_to_host(const void* src, qr_dtype src_dtype, std::int64_t numel,
@@ -638,6 +652,13 @@ void write_scalars(float* dst0, float* dst1, float value, float* max_into, float
   DeviceGuard guard(device_index, kFormat);
   write_scalars_kernel<<<1, 1, 0, as_stream(stream)>>>(dst0, dst1, value, max_into, max_value);
   QR_CUDA_CHECK_LAUNCH("write_scalars_kernel");
+}
+
+void copy_scalar(const float* src, float* dst0, float* dst1, float* max_into, int device_index,
+                 void* stream) {
+  DeviceGuard guard(device_index, kFormat);
+  write_scalars_from_kernel<<<1, 1, 0, as_stream(stream)>>>(src, dst0, dst1, max_into);
+  QR_CUDA_CHECK_LAUNCH("write_scalars_from_kernel");
 }
 
 float read_scalar(const float* src, int device_index, void* stream) {

@@ -78,8 +78,10 @@ struct CastTransposeArgs {
 bool cast_with_own_rowwise_supported(qr_dtype src_dtype, qr_dtype rowwise_dtype);
 
 // *amax_out = max |x| over src (NaN ignored); the buffer is zeroed first, then reduced into.
+// With amax_out2 set, it receives the same value (the [rowwise, columnwise] pair of
+// compute_amax_device), copied on the device after the pass.
 void compute_amax(const void* src, qr_dtype src_dtype, std::int64_t numel, float* amax_out,
-                  int device_index, void* stream);
+                  int device_index, void* stream, float* amax_out2 = nullptr);
 
 // Same, returned to the host. Synchronizes `stream` (uses a temporary device float).
 float compute_amax_to_host(const void* src, qr_dtype src_dtype, std::int64_t numel,
@@ -101,6 +103,10 @@ void dequantize(const std::uint8_t* data, qr_dtype data_dtype, bool transposed,
 // max_value) atomically (*max_into must be non-negative and not NaN, like a history row 0).
 void write_scalars(float* dst0, float* dst1, float value, float* max_into, float max_value,
                    int device_index, void* stream);
+// write_scalars() with the value *src read on the device, in stream order (no host sync): each
+// non-null dst = *src, and *max_into = max(*max_into, *src) when max_into is set and *src > 0.
+void copy_scalar(const float* src, float* dst0, float* dst1, float* max_into, int device_index,
+                 void* stream);
 // Copies one device float to the host and synchronizes `stream`.
 float read_scalar(const float* src, int device_index, void* stream);
 

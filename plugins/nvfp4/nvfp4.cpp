@@ -138,6 +138,45 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
     amax_out[1] = a[1];
   }
 
+  // The device-amax extras (plugin_abi.h): the pair into device memory with no host sync, and
+  // a quantize whose amax buffers are bit-copies of the caller's device pair (the kernels then
+  // read them as they read a host amax's fill). CPU: the host calls. On CUDA the pair is not
+  // validated (>= 0, not NaN, equal under 2d: the host path's checks need the host): the scale
+  // rules take the values as they are, and 2d uses entry [0] for both directions.
+  void compute_amax_device(const qr_tensor_view& src, void* stream, float* amax_out) {
+    sdk::require_supported_device(src.device, kFormat, "compute_amax_device", "the source");
+    if (src.device.type != QR_DEVICE_CUDA) {
+      sdk::compute_amax_device_cpu(*this, src, stream, amax_out);
+      return;
+    }
+    ref::check_amax_call(src, config_);
+    sdk::require_contiguous_source(src, kFormat, "compute_amax_device");
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    cuda::compute_amax_device(src.data, static_cast<qr_dtype>(src.dtype), view_rows(src),
+                              view_cols(src), config_.hadamard, amax_out, src.device.index,
+                              stream);
+#endif
+  }
+
+  void quantize_device_amax(const qr_tensor_view& src, const qr_quantize_args& args,
+                            const float* amax, qr_quantized_tensor& dst) {
+    if (src.device.type != QR_DEVICE_CUDA) {
+      sdk::quantize_device_amax_cpu(*this, src, args, amax, dst);
+      return;
+    }
+    ref::DirectionOut out[2];
+    const ref::Request request = checked_request(src, args, dst, "quantize", out);
+    check_cuda_call(src, request, "quantize");
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    cuda::DirectionBuffers buffers[2];
+    cuda::QuantizeArgs a = cuda_args(src, request, args.stream, buffers);
+    a.given_amax_device = amax;
+    cuda::quantize(a);
+#else
+    (void)amax;
+#endif
+  }
+
   void quantize(const qr_tensor_view& src, const qr_quantize_args& args,
                 qr_quantized_tensor& dst) override {
     ref::DirectionOut out[2];

@@ -186,25 +186,34 @@ void hadamard_amax(const void* src, qr_dtype dtype, std::int64_t rows, std::int6
 
 // ---------------------------------------------------------------- entry
 
-void compute_amax_to_host(const void* src, qr_dtype src_dtype, std::int64_t rows,
-                          std::int64_t cols, bool hadamard, float amax_out[2], int device_index,
-                          void* stream) {
+void compute_amax_device(const void* src, qr_dtype src_dtype, std::int64_t rows,
+                         std::int64_t cols, bool hadamard, float* amax_out, int device_index,
+                         void* stream) {
   sdk::cuda::check_source_dtype(src_dtype, kFormat, "compute_amax");
   QR_CHECK(rows >= 0 && cols >= 0, "nvfp4 CUDA compute_amax: negative shape ", rows, " x ",
            cols);
   QR_CHECK(rows * cols == 0 || src != nullptr,
            "nvfp4 CUDA compute_amax: the source has a null data pointer");
+  QR_CHECK(amax_out != nullptr, "nvfp4 CUDA compute_amax: the output pointer is null");
+  DeviceGuard guard(device_index, kFormat);
+  const cudaStream_t s = as_stream(stream);
+  QR_CUDA_CHECK(cudaMemsetAsync(amax_out, 0, 2 * sizeof(float), s));
+  if (rows * cols > 0) {
+    if (hadamard)
+      hadamard_amax(src, src_dtype, rows, cols, amax_out, amax_out + 1, s);
+    else
+      plain_amax(src, src_dtype, rows * cols, amax_out, amax_out + 1, s);
+  }
+}
+
+void compute_amax_to_host(const void* src, qr_dtype src_dtype, std::int64_t rows,
+                          std::int64_t cols, bool hadamard, float amax_out[2], int device_index,
+                          void* stream) {
   DeviceGuard guard(device_index, kFormat);
   const cudaStream_t s = as_stream(stream);
   // A stream-ordered temporary [plain, transformed], freed on every path.
   const sdk::cuda::StreamScratch<float> scratch(2, s, kFormat);
-  QR_CUDA_CHECK(cudaMemsetAsync(scratch.get(), 0, 2 * sizeof(float), s));
-  if (rows * cols > 0) {
-    if (hadamard)
-      hadamard_amax(src, src_dtype, rows, cols, scratch.get(), scratch.get() + 1, s);
-    else
-      plain_amax(src, src_dtype, rows * cols, scratch.get(), scratch.get() + 1, s);
-  }
+  compute_amax_device(src, src_dtype, rows, cols, hadamard, scratch.get(), device_index, stream);
   float host[2] = {0.0f, 0.0f};
   QR_CUDA_CHECK(cudaMemcpyAsync(host, scratch.get(), sizeof host, cudaMemcpyDeviceToHost, s));
   QR_CUDA_CHECK(cudaStreamSynchronize(s));

@@ -108,6 +108,9 @@ void quantize(const QuantizeArgs& a) {
            "nvfp4 CUDA quantize: a per-tensor cast needs the columnwise direction alone, 1-D "
            "blocks, round to nearest, a bf16 / f16 source, an e4m3 / e5m2 cast and its scale or "
            "amax");
+  QR_CHECK(a.given_amax_device == nullptr || (a.given_amax == nullptr && a.device_amax == nullptr),
+           "nvfp4 CUDA quantize: a caller's device amax cannot come with a host amax or a "
+           "source amax");
   QR_CHECK(a.device_amax == nullptr || (a.given_amax == nullptr && !a.hadamard),
            "nvfp4 CUDA quantize: a device amax replaces the amax pass; it cannot come with a "
            "caller's amax or with Hadamard (whose columnwise amax is another quantity)");
@@ -127,6 +130,15 @@ void quantize(const QuantizeArgs& a) {
     // copying it keeps -0 / +0 as the reference stores them).
     const float col_value = a.two_d ? a.given_amax[0] : a.given_amax[1];
     fill_amax(row_amax, a.given_amax[0], col_amax, col_value, s);
+  } else if (a.given_amax_device) {
+    // The caller's pair, bit-copied as fill_amax writes the host values (2d: entry [0]).
+    const float* col_src = a.two_d ? a.given_amax_device : a.given_amax_device + 1;
+    if (row_amax)
+      QR_CUDA_CHECK(cudaMemcpyAsync(row_amax, a.given_amax_device, sizeof(float),
+                                    cudaMemcpyDeviceToDevice, s));
+    if (col_amax)
+      QR_CUDA_CHECK(cudaMemcpyAsync(col_amax, col_src, sizeof(float),
+                                    cudaMemcpyDeviceToDevice, s));
   } else if (a.device_amax) {
     // max |x| of this source, already on the device (the fused cast's prepare computed it):
     // the amax pass's result without the pass. Both directions' amaxes are max |x| here.

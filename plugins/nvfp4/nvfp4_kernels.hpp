@@ -46,6 +46,10 @@ struct QuantizeArgs {
   // Host pointer to [rowwise, columnwise] reduced by the caller (already validated), or null:
   // the amax pass runs on the device.
   const float* given_amax = nullptr;
+  // Or the same [rowwise, columnwise] pair on the device (a caller's device amax, plugin_abi.h
+  // QR_EXTRA_QUANTIZE_DEVICE_AMAX): copied into the amax buffers in stream order, as given_amax
+  // is written; not validated (that would need the host): the scale rules take the values.
+  const float* given_amax_device = nullptr;
   // Device pointer to max |x| of this very source (the cast's source_amax), or null: taken
   // as the tensor amax of the requested direction instead of the amax pass (not with
   // given_amax, not with Hadamard, whose columnwise amax is another quantity).
@@ -65,6 +69,11 @@ struct QuantizeArgs {
 void compute_amax_to_host(const void* src, qr_dtype src_dtype, std::int64_t rows,
                           std::int64_t cols, bool hadamard, float amax_out[2], int device_index,
                           void* stream);
+
+// The same pair into amax_out: two F32 on the device, stream-ordered, no host synchronization.
+void compute_amax_device(const void* src, qr_dtype src_dtype, std::int64_t rows,
+                         std::int64_t cols, bool hadamard, float* amax_out, int device_index,
+                         void* stream);
 
 // The whole quantize call: the amax pass (skipped when given_amax is set), then one pass over
 // 64x64 tiles writing both requested directions. Works for empty tensors (only amax written).

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "py_types.hpp"
@@ -34,16 +35,46 @@ py::dict layout_dict(const qr_direction_layout& l) {
   return d;
 }
 
+// An amax argument: two host floats, or a float32 tensor of 2 elements on the source's device.
+using AmaxArg = std::optional<std::variant<at::Tensor, std::array<float, 2>>>;
+
+// A [rowwise, columnwise] amax pair in device memory next to `src`: float32, 2 elements,
+// contiguous, on src's device. `what` names the call in errors.
+void check_amax_tensor(const at::Tensor& amax, const at::Tensor& src, const char* what) {
+  QR_CHECK(amax.scalar_type() == at::kFloat, what, ": the amax tensor must be torch.float32, "
+           "got ", c10::toString(amax.scalar_type()));
+  QR_CHECK(amax.numel() == 2 && amax.dim() == 1, what, ": the amax tensor must have shape (2,) "
+           "([rowwise, columnwise]), got ", amax.sizes());
+  QR_CHECK(amax.is_contiguous(), what, ": the amax tensor must be contiguous");
+  QR_CHECK(amax.device() == src.device(), what, ": the amax tensor is on ", amax.device().str(),
+           " but the tensor is on ", src.device().str(), "; keep it on the tensor's device (a "
+           "list of two floats passes it on the host)");
+}
+
+// Fills options.amax / options.device_amax from `amax` (the tensor stays alive in the caller).
+void set_amax(QuantizeOptions& options, const AmaxArg& amax, const at::Tensor& src,
+              const char* what) {
+  if (!amax) return;
+  if (const auto* t = std::get_if<at::Tensor>(&*amax)) {
+    check_amax_tensor(*t, src, what);
+    options.device_amax = t->data_ptr<float>();
+  } else {
+    options.amax = std::get<std::array<float, 2>>(*amax);
+  }
+}
+
 // `amax`: [rowwise, columnwise] amaxes the caller already reduced (over a tensor-parallel
 // group: compute_amax on every rank's shard, then a max all-reduce), so every shard is scaled
-// as the whole tensor would be; nullopt: the format computes the amax of `src` itself.
+// as the whole tensor would be; nullopt: the format computes the amax of `src` itself. As two
+// host floats, or as a float32 tensor of shape (2,) on src's device (compute_amax_device's
+// result, reduced there): the kernels then read it on the device, with no host round trip
+// where the plugin has the device-amax extras (Quantizer.has_device_amax).
 PyQuantized quantize(const PyQuantizer& q, const at::Tensor& src, std::uint32_t usage,
-                     std::optional<std::uint64_t> rng_offset,
-                     std::optional<std::array<float, 2>> amax) {
+                     std::optional<std::uint64_t> rng_offset, const AmaxArg& amax) {
   const TensorView view = to_view(src, "tensor to quantize");
   QuantizeOptions options;
   options.rng_offset = rng_offset;
-  options.amax = amax;
+  set_amax(options, amax, src, "Quantizer.quantize");
   options.stream = current_stream(src);
   QuantizedTensor out;
   {
@@ -361,6 +392,27 @@ void bind_quantize(py::module_& m) {
       }, py::arg("tensor"),
            "[rowwise, columnwise] amax of `tensor` as the format scales it (they differ under "
            "a Hadamard transform), on the host: what quantize(amax=...) takes once reduced.")
+      .def("compute_amax_device", [](const PyQuantizer& q, const at::Tensor& src,
+                                     std::optional<at::Tensor> out) {
+        const TensorView view = to_view(src, "tensor to compute the amax of");
+        at::Tensor result = out ? *out : at::empty({2}, src.options().dtype(at::kFloat));
+        check_amax_tensor(result, src, "Quantizer.compute_amax_device (out)");
+        float* ptr = result.data_ptr<float>();
+        void* stream = current_stream(src);
+        {
+          py::gil_scoped_release no_gil;
+          q.quantizer->compute_amax_into(view, ptr, stream);
+        }
+        return result;
+      }, py::arg("tensor"), py::arg("out") = std::nullopt,
+           "compute_amax's [rowwise, columnwise] pair as a float32 tensor of shape (2,) on "
+           "`tensor`'s device (written into `out` when given: float32, 2 contiguous elements "
+           "there), on torch's current stream: no host synchronization where the plugin has "
+           "the device-amax extras (has_device_amax); otherwise the host values, copied.")
+      .def_property_readonly("has_device_amax", [](const PyQuantizer& q) {
+        return q.quantizer->has_device_amax();
+      }, "Whether compute_amax_device and quantize(amax=<tensor>) stay on the device (the "
+         "plugin's device-amax extras); False: they copy through the host (same results).")
       .def("spec_dict", [](const PyQuantizer& q) { return spec_dict(q.quantizer->spec()); },
            "The quantizer's spec as a recipe-rule dictionary (format plus options).")
       .def("from_buffers", &from_buffers, py::arg("rows"), py::arg("cols"), py::arg("usage"),
@@ -406,13 +458,12 @@ void bind_quantize(py::module_& m) {
            "One direction as ONE uint8 tensor ([scale | amax | data]): an alias of its memory "
            "when it was quantized on its own, else a packed copy.")
       .def("drop", [](PyQuantized& q, const std::string& d) { q.tensor->drop(parse_direction(d)); })
-      .def("requantize", [](PyQuantized& q, const at::Tensor& src,
-                            std::optional<std::array<float, 2>> amax) {
+      .def("requantize", [](PyQuantized& q, const at::Tensor& src, const AmaxArg& amax) {
         // In place, into the buffers it holds: every alias of the bytes sees the new values.
         const TensorView view = to_view(src, "tensor to requantize");
         QuantizeOptions options;
         options.stream = current_stream(src);
-        options.amax = amax;
+        set_amax(options, amax, src, "QuantizedTensor.requantize");
         py::gil_scoped_release no_gil;
         q.quantizer.quantizer->quantize_into(view, *q.tensor, options);
       }, py::arg("tensor"), py::arg("amax") = std::nullopt,

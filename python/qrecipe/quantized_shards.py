@@ -334,11 +334,12 @@ def record_gather(sent: int, world: int) -> None:
 def reduce_amaxes(table: torch.Tensor, group) -> torch.Tensor:
     """All-reduces (max) a [groups, 2] float32 table of (rowwise, columnwise) amaxes over the
     process group `group` (the ranks holding the other rows of the same tensors), in one
-    collective; returns it on the CPU. NCCL reduces on the current CUDA device."""
+    collective; returns it on the table's device. NCCL reduces on the current CUDA device: a
+    table already there is reduced in place, with no host round trip (gloo reduces a CPU copy)."""
     import torch.distributed as dist
     backend = dist.get_backend(group)
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else \
         torch.device("cpu")
-    work = table.to(device)
+    work = table if table.device == device else table.to(device)
     dist.all_reduce(work, op=dist.ReduceOp.MAX, group=group)
-    return work.cpu()
+    return work if work.device == table.device else work.to(table.device)

@@ -32,6 +32,10 @@ from .quantized_rows import (Parts, build, check_cut as check_tensor_cut, cut_me
                              join_rows, parts_of, row_geometry, same_tensor_values, take_rows)
 from .quantized_shards import Piece, ShardPlan, pieces_of_rows, reduce_amaxes
 
+# A caller-reduced (rowwise, columnwise) amax pair: two host floats, or a float32 tensor of
+# shape (2,) on the values' device (read by the quantize kernels there, no host copy).
+AmaxPair = Any
+
 
 def usage_names(bits: int) -> Tuple[str, ...]:
     return tuple(d for d in DIRECTIONS if bits & usage_bits(d))
@@ -105,7 +109,7 @@ class QuantizedStorage:
                           for n in out.piece_rows]
         return out
 
-    def quantize(self, values: torch.Tensor, amax: Optional[Tuple[float, float]]) -> QuantizedTensor:
+    def quantize(self, values: torch.Tensor, amax: Optional[AmaxPair]) -> QuantizedTensor:
         rows = values.shape[0]
         cpp = self.quantizer.quantize(values.contiguous(), self.usage, amax=amax)
         return QuantizedTensor(cpp, torch.Size([rows, *self.trailing]), self.dtype)
@@ -289,11 +293,12 @@ class QuantizedStorage:
         self.pieces, self.piece_rows = pieces, rows
 
     def requantize(self, start: int, stop: int, values: torch.Tensor, what: str,
-                   amaxes: Optional[Dict[int, Tuple[float, float]]] = None) -> None:
+                   amaxes: Optional[Dict[int, AmaxPair]] = None) -> None:
         """Quantizes `values` ([stop - start, cols], this storage's dtype and device) into rows
         [start, stop), each group part from its own rows. `amaxes`: {group: (rowwise,
         columnwise)} already reduced over the ranks holding the rest of the group (a shard's
-        per-tensor values; see requantize_many)."""
+        per-tensor values; see requantize_many): two floats, or a float32 tensor of shape (2,)
+        on the values' device, read there by the kernels."""
         for (lo, hi), part in zip(self.group_bounds(), self.local_groups()):
             a, b = max(lo, start), min(hi, stop)
             if a >= b:
@@ -370,22 +375,24 @@ def requantize_many(writes: Sequence[Tuple[QuantizedStorage, int, int, torch.Ten
             if storage.amax_group is None:
                 raise RuntimeError(shared_amax_message(storage, what))
             by_group.setdefault(storage.amax_group, []).append((index, storage, start, values))
-    reduced: Dict[int, Dict[int, Tuple[float, float]]] = {}
+    reduced: Dict[int, Dict[int, torch.Tensor]] = {}
     for group, items in by_group.items():
         offsets, rows = [], 0
         for _, storage, _, _ in items:
             offsets.append(rows)
             rows += len(storage.group_rows)
-        table = torch.zeros(rows, 2, dtype=torch.float32)
+        # On the values' device: each amax is written into its row there (no host sync where
+        # the plugin has the device-amax extras), the table is reduced there (NCCL) and the
+        # quantize kernels read their rows there.
+        table = torch.zeros(rows, 2, dtype=torch.float32, device=items[0][3].device)
         for offset, (_, storage, start, values) in zip(offsets, items):
             for (lo, hi), part in zip(storage.group_bounds(), storage.local_groups()):
                 a, b = max(lo, start), min(hi, start + values.shape[0])
                 if a < b:
-                    amax = storage.quantizer.compute_amax(values[a - start:b - start].contiguous())
-                    table[offset + part.group] = torch.tensor(amax, dtype=torch.float32)
+                    storage.quantizer.compute_amax_device(values[a - start:b - start].contiguous(),
+                                                          out=table[offset + part.group])
         table = reduce_amaxes(table, group)
         for offset, (index, storage, _, _) in zip(offsets, items):
-            reduced[index] = {g: (float(table[offset + g, 0]), float(table[offset + g, 1]))
-                              for g in range(len(storage.group_rows))}
+            reduced[index] = {g: table[offset + g] for g in range(len(storage.group_rows))}
     for index, (storage, start, stop, values) in enumerate(writes):
         storage.requantize(start, stop, values, what, reduced.get(index))

@@ -713,6 +713,23 @@ TEST_CASE("delayed-scaling state moved cpu -> cuda:0 -> cpu keeps its values") {
                        doctest::Contains("no scaling state of this engine"), qrecipe::Error);
 }
 
+// Data, scale_inv and (where stored) amax of every direction in `usage`: CPU ref vs GPU got.
+static void expect_same_buffers(Tally& tally, const std::string& what, const QuantizedTensor& ref,
+                                const QuantizedTensor& got, std::uint32_t usage) {
+  for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+    if (!(usage & qrecipe::usage_bit(d))) continue;
+    const std::string dir = what + " | " + qrecipe::direction_name(d);
+    expect_equal(tally, dir + " data", host_bytes(ref.data(d)), host_bytes(got.data(d)),
+                 ref.data(d));
+    expect_equal(tally, dir + " scale_inv", host_bytes(ref.scale_inv(d)),
+                 host_bytes(got.scale_inv(d)), ref.scale_inv(d));
+    if (ref.has_amax(d)) {
+      const TensorView ra(ref.direction(d).amax), ga(got.direction(d).amax);
+      expect_equal(tally, dir + " amax", host_bytes(ra), host_bytes(ga), ra);
+    }
+  }
+}
+
 TEST_CASE("hybrid one-read path with caller amaxes equals the CPU reference") {
   if (!qrecipe::cuda_available()) {
     MESSAGE("not supported: " << qrecipe::cuda_status());
@@ -742,16 +759,70 @@ TEST_CASE("hybrid one-read path with caller amaxes equals the CPU reference") {
                                std::to_string(shape.cols) + " | given amax";
       const QuantizedTensor ref = sides.cpu->quantize(host.view(), QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE, opts);
       const QuantizedTensor got = sides.gpu->quantize(dev.view(), QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE, opts, target.allocator);
-      for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
-        const std::string dir = what + " | " + qrecipe::direction_name(d);
-        expect_equal(tally, dir + " data", host_bytes(ref.data(d)), host_bytes(got.data(d)),
-                     ref.data(d));
-        expect_equal(tally, dir + " scale_inv", host_bytes(ref.scale_inv(d)),
-                     host_bytes(got.scale_inv(d)), ref.scale_inv(d));
-        if (ref.has_amax(d)) {
-          const TensorView ra(ref.direction(d).amax), ga(got.direction(d).amax);
-          expect_equal(tally, dir + " amax", host_bytes(ra), host_bytes(ga), ra);
-        }
+      expect_same_buffers(tally, what, ref, got, QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE);
+    }
+  }
+  MESSAGE(tally.buffers << " buffers compared, " << tally.failures << " failures");
+  CHECK(tally.failures == 0);
+}
+
+TEST_CASE("device amax: compute_amax_into and quantize with a device amax equal the CPU reference") {
+  // plugin_abi.h QR_EXTRA_COMPUTE_AMAX_DEVICE / QR_EXTRA_QUANTIZE_DEVICE_AMAX: the pair written
+  // to device memory, and a quantize whose kernels read the caller's pair there, give the CPU
+  // reference's amax, bytes, scales and stored amaxes (the CPU side takes the same pair on the
+  // host). Hybrid takes the engine's host-copy fallback: same bytes.
+  if (!qrecipe::cuda_available()) {
+    MESSAGE("not supported: " << qrecipe::cuda_status());
+    return;
+  }
+  const Target target{Device::cuda(0), qrecipe::cuda_allocator()};
+  struct Case {
+    const char* yaml;
+    DType src;
+  };
+  const Case cases[] = {
+      {"{format: float8, dtype: e4m3}", DType::f32},
+      {"{format: float8, dtype: e5m2, pow2_scales: true}", DType::bf16},
+      {"{format: float8, amax_epsilon: 0.001}", DType::f32},
+      {"{format: float8, scaling: delayed, amax_history_len: 4}", DType::bf16},
+      {"{format: nvfp4}", DType::bf16},
+      {"{format: nvfp4}", DType::f32},
+      {"{format: nvfp4, 2d: true}", DType::bf16},
+      {"{format: nvfp4, hadamard: true}", DType::bf16},
+      {"{format: hybrid, rowwise: {format: float8}, columnwise: {format: nvfp4}}", DType::bf16},
+  };
+  Tally tally;
+  for (const Case& c : cases) {
+    for (const Shape shape : {Shape{256, 1024}, Shape{144, 96}, Shape{1008, 992}}) {
+      const std::uint32_t usages[] = {QR_USAGE_ROWWISE, QR_USAGE_COLUMNWISE,
+                                      QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE};
+      for (const std::uint32_t usage : usages) {
+        Sides sides = make_sides(c.yaml);
+        const Tensor host = host_source(make_values(shape, Kind::outliers), shape, c.src);
+        const Tensor dev = to_target(host, target);
+        const std::string what = std::string(c.yaml) + " | " + std::to_string(shape.rows) + "x" +
+                                 std::to_string(shape.cols) + " | usage " + std::to_string(usage);
+        // The device pair equals the CPU reference's amax.
+        const std::array<float, 2> ref_amax = sides.cpu->compute_amax(host.view());
+        Tensor pair(DType::f32, {2}, target.device, target.allocator);
+        sides.gpu->compute_amax_into(dev.view(), pair.view().data_as<float>());
+        Tensor ref_pair(DType::f32, {2});
+        std::memcpy(ref_pair.view().data(), ref_amax.data(), sizeof ref_amax);
+        expect_equal(tally, what + " compute_amax_into", host_bytes(ref_pair.view()),
+                     host_bytes(pair.view()), ref_pair.view());
+        // A reduced pair (as from a max all-reduce) read on the device by the kernels.
+        std::array<float, 2> given{ref_amax[0] * 1.75f, ref_amax[1] * 1.75f};
+        if (std::string(c.yaml).find("2d") != std::string::npos) given[1] = given[0];
+        std::memcpy(ref_pair.view().data(), given.data(), sizeof given);
+        const Tensor dev_pair = to_target(ref_pair, target);
+        QuantizeOptions host_opts;
+        host_opts.amax = given;
+        QuantizeOptions dev_opts;
+        dev_opts.device_amax = dev_pair.view().data_as<float>();
+        const QuantizedTensor ref = sides.cpu->quantize(host.view(), usage, host_opts);
+        const QuantizedTensor got =
+            sides.gpu->quantize(dev.view(), usage, dev_opts, target.allocator);
+        expect_same_buffers(tally, what, ref, got, usage);
       }
     }
   }

@@ -58,6 +58,11 @@ class FormatPlugin {
   qr_adam_requantize_supports_fn adam_requantize_supports_extra() const {
     return adam_requantize_supports_;
   }
+  // The device-amax extras (plugin_abi.h, QR_EXTRA_COMPUTE_AMAX_DEVICE and
+  // QR_EXTRA_QUANTIZE_DEVICE_AMAX), looked up once at load; nullptr when the plugin lacks one
+  // (Quantizer::compute_amax_into / a device amax then take the host-copy fallback).
+  qr_compute_amax_device_fn compute_amax_device_extra() const { return compute_amax_device_; }
+  qr_quantize_device_amax_fn quantize_device_amax_extra() const { return quantize_device_amax_; }
   // The descriptor's tensor_scale_numerator (plugin_abi.h): how the per-tensor decode factor
   // of this format's QR_SCALE_BLOCK_TENSOR directions follows from their amax
   // (tensor_decode_factor in scaling.hpp). 0: the format gives none (also for a plugin whose
@@ -73,6 +78,8 @@ class FormatPlugin {
   qr_quantize_grouped_fn quantize_grouped_ = nullptr;
   qr_adam_requantize_fn adam_requantize_ = nullptr;
   qr_adam_requantize_supports_fn adam_requantize_supports_ = nullptr;
+  qr_compute_amax_device_fn compute_amax_device_ = nullptr;
+  qr_quantize_device_amax_fn quantize_device_amax_ = nullptr;
   float tensor_scale_numerator_ = 0.0f;
 };
 

@@ -528,6 +528,33 @@ typedef qr_status (*qr_quantize_with_tensor_cast_fn)(qr_quantizer* q, const qr_t
                                                      qr_quantized_tensor* dst,
                                                      const qr_tensor_cast* cast);
 
+/* Amax on the device (tensor/sequence parallelism, FSDP2 shards: the amax of a shard is
+ * reduced across ranks on the device, with no host round trip): optional extras, two names.
+ * A format with a per-tensor scale or amax (QR_SCALE_TENSOR / QR_SCALE_BLOCK_TENSOR, or a
+ * stored amax) provides them; the host serves a plugin without them through `compute_amax`
+ * / `quantize` and a copy of the two values through host memory (a device synchronization,
+ * documented as the fallback; never a different result).
+ *
+ * QR_EXTRA_COMPUTE_AMAX_DEVICE writes exactly what `compute_amax` returns, [0] rowwise and
+ * [1] columnwise, into amax_out: two consecutive F32 in the memory of src's device (host
+ * memory for a CPU source), stream-ordered on `stream` (CUDA), with no host synchronization.
+ *
+ * QR_EXTRA_QUANTIZE_DEVICE_AMAX is exactly `quantize(q, src, args', dst)` where args' is args
+ * with args'.amax pointing at the two F32 values at `amax` (same memory rules as above; on
+ * CUDA read by the kernels in stream order, never copied to the host). args->amax must be
+ * NULL. The values are used as they are, as a host amax would be (the scaling rules of
+ * qrecipe/scaling.hpp decide what 0, inf and NaN give). Bytes, scales and amaxes written are
+ * identical to the host-amax call. It returns QR_STATUS_UNSUPPORTED having written and
+ * advanced nothing when this quantizer cannot take a device amax (e.g. delayed scaling): the
+ * host then takes the fallback above. */
+#define QR_EXTRA_COMPUTE_AMAX_DEVICE "qr_compute_amax_device"
+typedef qr_status (*qr_compute_amax_device_fn)(qr_quantizer* q, const qr_tensor_view* src,
+                                               void* stream, float* amax_out);
+#define QR_EXTRA_QUANTIZE_DEVICE_AMAX "qr_quantize_device_amax"
+typedef qr_status (*qr_quantize_device_amax_fn)(qr_quantizer* q, const qr_tensor_view* src,
+                                                const qr_quantize_args* args, const float* amax,
+                                                qr_quantized_tensor* dst);
+
 /* Exported symbols of every plugin:
  *   const uint32_t qrecipe_plugin_abi = QR_PLUGIN_ABI_VERSION;   (read without running code)
  *   const qr_plugin_descriptor* qrecipe_plugin_entry(const qr_host_api* host);

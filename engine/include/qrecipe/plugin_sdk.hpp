@@ -21,7 +21,13 @@
 //        void quantize_with_tensor_cast(const qr_tensor_view& src, const qr_quantize_args& args,
 //                                       qr_quantized_tensor* dst, const qr_tensor_cast& cast);
 //      (throw qrecipe::Error with QR_STATUS_UNSUPPORTED, before writing anything, for what
-//      they cannot do). Other extras come from the function given to QR_DEFINE_PLUGIN_EX.
+//      they cannot do). Likewise the device-amax extras (plugin_abi.h,
+//      QR_EXTRA_COMPUTE_AMAX_DEVICE / QR_EXTRA_QUANTIZE_DEVICE_AMAX):
+//        void compute_amax_device(const qr_tensor_view& src, void* stream, float* amax_out);
+//        void quantize_device_amax(const qr_tensor_view& src, const qr_quantize_args& args,
+//                                  const float* amax, qr_quantized_tensor& dst);
+//      (the second throws QR_STATUS_UNSUPPORTED, before writing anything, for a quantizer that
+//      cannot take a device amax). Other extras come from the function given to QR_DEFINE_PLUGIN_EX.
 //   6. A format with QR_SCALE_BLOCK_TENSOR directions gives the class
 //        static constexpr float kTensorScaleNumerator = ...;
 //      and the descriptor carries it as tensor_scale_numerator (plugin_abi.h says what it
@@ -191,6 +197,17 @@ concept HasQuantizeWithTensorCast = requires(Q& q, const qr_tensor_view& src,
   q.quantize_with_tensor_cast(src, args, dst, cast);
 };
 
+// A quantizer class with the device-amax extras (how-to step 5 above).
+template <class Q>
+concept HasComputeAmaxDevice = requires(Q& q, const qr_tensor_view& src, void* stream,
+                                        float* out) { q.compute_amax_device(src, stream, out); };
+template <class Q>
+concept HasQuantizeDeviceAmax = requires(Q& q, const qr_tensor_view& src,
+                                         const qr_quantize_args& args, const float* amax,
+                                         qr_quantized_tensor& dst) {
+  q.quantize_device_amax(src, args, amax, dst);
+};
+
 // The descriptor's tensor_scale_numerator of Q (how-to step 6 above): Q's
 // kTensorScaleNumerator, or 0 when Q has none.
 template <class Q>
@@ -315,6 +332,25 @@ struct Trampolines {
       self(q)->quantize_with_tensor_cast(*src, *args, dst, *cast);
     });
   }
+  static qr_status compute_amax_device(qr_quantizer* q, const qr_tensor_view* src, void* stream,
+                                       float* amax_out) noexcept {
+    return guard([&] {
+      QR_CHECK(src && amax_out, "compute_amax_device called with a null source or output");
+      self(q)->compute_amax_device(*src, stream, amax_out);
+    });
+  }
+  static qr_status quantize_device_amax(qr_quantizer* q, const qr_tensor_view* src,
+                                        const qr_quantize_args* args, const float* amax,
+                                        qr_quantized_tensor* dst) noexcept {
+    return guard([&] {
+      QR_CHECK(src && args && amax && dst, "quantize_device_amax called with null arguments");
+      QR_CHECK(args->struct_size >= sizeof(qr_quantize_args),
+               "quantize_device_amax: qr_quantize_args struct_size too small");
+      QR_CHECK(args->amax == nullptr, "quantize_device_amax: args.amax must be NULL (the amax "
+               "comes on the device)");
+      self(q)->quantize_device_amax(*src, *args, amax, *dst);
+    });
+  }
   static qr_status describe(qr_quantizer* q, char* buffer, std::size_t capacity) noexcept {
     return guard([&] {
       const std::string s = self(q)->describe();
@@ -379,7 +415,34 @@ void* extras(const char* name) {
       return reinterpret_cast<void*>(fn);
     }
   }
+  if constexpr (HasComputeAmaxDevice<Q>) {
+    if (std::strcmp(name, QR_EXTRA_COMPUTE_AMAX_DEVICE) == 0) {
+      const qr_compute_amax_device_fn fn = &Trampolines<Q>::compute_amax_device;
+      return reinterpret_cast<void*>(fn);
+    }
+  }
+  if constexpr (HasQuantizeDeviceAmax<Q>) {
+    if (std::strcmp(name, QR_EXTRA_QUANTIZE_DEVICE_AMAX) == 0) {
+      const qr_quantize_device_amax_fn fn = &Trampolines<Q>::quantize_device_amax;
+      return reinterpret_cast<void*>(fn);
+    }
+  }
   return PluginExtras(name);
+}
+
+// The CPU side of the device-amax extras for a quantizer whose CPU path is its reference:
+// host memory holds the amax, so both are the host calls (the definition of the result).
+template <class Q>
+void compute_amax_device_cpu(Q& q, const qr_tensor_view& src, void* stream, float* amax_out) {
+  q.compute_amax(src, stream, amax_out);
+}
+template <class Q>
+void quantize_device_amax_cpu(Q& q, const qr_tensor_view& src, const qr_quantize_args& args,
+                              const float* amax, qr_quantized_tensor& dst) {
+  const float values[2] = {amax[0], amax[1]};
+  qr_quantize_args given = args;
+  given.amax = values;
+  q.quantize(src, given, dst);
 }
 
 // Devices this build of a plugin serves: its CPU reference always, CUDA when the plugin was

@@ -26,6 +26,12 @@ namespace qrecipe {
 struct QuantizeOptions {
   // Amaxes already reduced by the caller ([rowwise, columnwise]); nullopt: the plugin computes.
   std::optional<std::array<float, 2>> amax;
+  // Or the same two F32 values in the memory of the source's device (host memory for a CPU
+  // source), e.g. reduced across ranks there: read by the kernels in stream order, with no
+  // host copy when the plugin has QR_EXTRA_QUANTIZE_DEVICE_AMAX; otherwise (and for what the
+  // plugin's extra refuses, such as delayed scaling) copied to the host first (a device
+  // synchronization: the documented fallback, same bytes). Not together with `amax`.
+  const float* device_amax = nullptr;
   // Stochastic-rounding call offset to reuse (recompute, resume); nullopt: the next one.
   std::optional<std::uint64_t> rng_offset;
   void* stream = nullptr;  // cudaStream_t for CUDA tensors
@@ -47,6 +53,14 @@ class Quantizer {
 
   qr_direction_layout layout(std::int64_t rows, std::int64_t cols, qr_direction direction) const;
   std::array<float, 2> compute_amax(const TensorView& src, void* stream = nullptr) const;
+  // The same two values written to `out` ([rowwise, columnwise] F32 in the memory of src's
+  // device, stream-ordered on `stream`): no host synchronization when the plugin has
+  // QR_EXTRA_COMPUTE_AMAX_DEVICE; otherwise compute_amax and a copy to `out` (synchronizes).
+  void compute_amax_into(const TensorView& src, float* out, void* stream = nullptr) const;
+  // Whether this quantizer's plugin provides both device-amax extras, so compute_amax_into and
+  // QuantizeOptions::device_amax avoid the host (a quantizer may still refuse at a call, e.g.
+  // delayed scaling, and the call then takes the host-copy fallback).
+  bool has_device_amax() const;
   // Allocates the directions in `usage` from `allocator` (CPU allocator when null) and quantizes.
   QuantizedTensor quantize(const TensorView& src, std::uint32_t usage,
                            const QuantizeOptions& options = {},

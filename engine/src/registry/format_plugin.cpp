@@ -66,6 +66,10 @@ FormatPlugin::FormatPlugin(std::string path, const qr_plugin_descriptor* d)
         reinterpret_cast<qr_adam_requantize_fn>(d->get_proc_address(QR_EXTRA_ADAM_REQUANTIZE));
     adam_requantize_supports_ = reinterpret_cast<qr_adam_requantize_supports_fn>(
         d->get_proc_address(QR_EXTRA_ADAM_REQUANTIZE_SUPPORTS));
+    compute_amax_device_ = reinterpret_cast<qr_compute_amax_device_fn>(
+        d->get_proc_address(QR_EXTRA_COMPUTE_AMAX_DEVICE));
+    quantize_device_amax_ = reinterpret_cast<qr_quantize_device_amax_fn>(
+        d->get_proc_address(QR_EXTRA_QUANTIZE_DEVICE_AMAX));
     // The two come as a pair: a plugin with one of them only is served by the host path.
     if (adam_requantize_ == nullptr || adam_requantize_supports_ == nullptr) {
       adam_requantize_ = nullptr;

@@ -12,10 +12,11 @@ Each rank runs the engine on its local shards; DTensor's differentiable ``to_loc
                                                    the style's output redistribution
 
 Scales: a per-tensor scale (float8 current scaling, NVFP4's global scale) of a sharded operand
-comes from the amax of the whole tensor: every rank computes its shard's amax
-(``Quantizer.compute_amax``), a max all-reduce over the TP group combines them, and the
-shard is quantized with it (``quantize(amax=...)``), so each rank's bytes are the rows or
-columns of the whole tensor's quantization. A block-scaled operand needs its shards to start
+comes from the amax of the whole tensor: every rank computes its shard's amax on the device
+(``Quantizer.compute_amax_device``), a max all-reduce over the TP group combines them there,
+and the shard is quantized with that device tensor (``quantize(amax=...)``, read by the
+kernels: no host round trip), so each rank's bytes are the rows or columns of the whole
+tensor's quantization. A block-scaled operand needs its shards to start
 on block boundaries along the sharded dimension; otherwise it is a clear error, as are delayed
 scaling (its amax history is per rank), weight caching across micro-batches, main_grad fusion
 and torch.compile of a DTensor Linear (not supported yet).
@@ -50,11 +51,12 @@ class GroupAmaxQuantizer:
         self._group = group
 
     def quantize(self, tensor: torch.Tensor, usage: int, rng_offset=None):
-        amax = torch.tensor(self._q.compute_amax(tensor), dtype=torch.float32,
-                            device=tensor.device)
+        # The pair stays on the tensor's device from the amax pass through the all-reduce into
+        # the quantize kernels: no host round trip (has_device_amax; otherwise the engine's
+        # documented host-copy fallback, same bytes).
+        amax = self._q.compute_amax_device(tensor)
         dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self._group)
-        return self._q.quantize(tensor, usage, rng_offset=rng_offset,
-                                amax=tuple(float(a) for a in amax.tolist()))
+        return self._q.quantize(tensor, usage, rng_offset=rng_offset, amax=amax)
 
     def __getattr__(self, name):
         return getattr(self._q, name)
