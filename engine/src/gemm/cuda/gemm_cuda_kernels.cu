@@ -13,6 +13,7 @@
 // E2M1 through a byte-permutation table. Every multiplication is a plain multiply of two
 // exact values whose product is exact or checked (-fmad=false, no FTZ).
 #include "gemm/cuda/gemm_cuda_kernels.hpp"
+#include "gemm/cuda/decode_values.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -181,31 +182,6 @@ struct UnitBatch {
   ExactnessFlag flag;
 };
 
-// FP8 codes -> FP32 through the hardware FP8 -> F16 conversion (exact: F16 holds every E4M3
-// and E5M2 value, NaN stays NaN).
-template <Code C>
-__device__ __forceinline__ float2 fp8x2_to_f32x2(std::uint16_t pair) {
-  constexpr __nv_fp8_interpretation_t kind = C == Code::e4m3 ? __NV_E4M3 : __NV_E5M2;
-  const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), kind);
-  return __half22float2(__half2(raw));
-}
-
-__device__ __forceinline__ float e4m3_to_f32_hw(std::uint8_t code) {
-  const __half_raw raw = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
-  return __half2float(__half(raw));
-}
-
-// E2M1 code (sign in bit 3) -> FP32 from its bits: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6.
-__device__ __forceinline__ float e2m1_to_f32(std::uint32_t c) {
-  const std::uint32_t e = (c >> 1) & 3u, m = c & 1u;
-  std::uint32_t bits;
-  if (e == 0)
-    bits = m ? 0x3F000000u : 0u;  // 0.5 or 0
-  else
-    bits = ((e + 126u) << 23) | (m << 22);
-  return __uint_as_float(bits | ((c & 8u) << 28));
-}
-
 // Four E2M1 codes (element i in bits 4i..4i+3 of c) -> four BF16 values, two per word
 // (element 0 in the low half of .x). Table lookups by byte permutation: the 3-bit magnitude
 // index selects the high byte (0x00, 0x3F x3, 0x40 x4) and the low byte (0x00, 0x00, 0x80,
@@ -230,12 +206,6 @@ __device__ __forceinline__ std::uint32_t bf16x2_mul(std::uint32_t x, std::uint32
   return *reinterpret_cast<const std::uint32_t*>(&r);
 }
 
-// Decoded FP32 -> BF16 bits. Callers only pass values that are exact in BF16 (or that a check
-// has flagged for the exact GEMM), so dropping the low half is exact. A NaN stays a NaN:
-// every NaN here has high mantissa bits (the F16 NaN of an FP8 or E4M3 NaN code, the E8M0 NaN
-// 0x7FC00000, or the canonical 0x7FFFFFFF a multiplication returns for any NaN operand).
-__device__ __forceinline__ std::uint32_t bf16_bits(float v) { return __float_as_uint(v) >> 16; }
-
 // Two decoded values -> one word of two BF16 (lo in the low half), one byte permute.
 __device__ __forceinline__ std::uint32_t bf16x2_bits(float lo, float hi) {
   return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
@@ -255,17 +225,6 @@ __device__ __forceinline__ void divmod(std::int64_t n, std::int64_t d, std::int6
 
 __device__ __forceinline__ std::int64_t scale_index(const StoredOperand& op, std::int64_t bp, std::int64_t bq) {
   return op.scale_transposed ? bq * op.scale_ld + bp : bp * op.scale_ld + bq;
-}
-
-template <BlockScale S>
-__device__ __forceinline__ float scale_value(std::uint32_t raw) {
-  if constexpr (S == BlockScale::e8m0) {
-    return num::e8m0_to_f32(static_cast<std::uint8_t>(raw));
-  } else if constexpr (S == BlockScale::e4m3) {
-    return e4m3_to_f32_hw(static_cast<std::uint8_t>(raw));
-  } else {
-    return __uint_as_float(raw);
-  }
 }
 
 // The raw bits of a scale (a byte, or the FP32 bits).
@@ -298,13 +257,7 @@ __device__ __forceinline__ float load_code(const StoredOperand& op, std::int64_t
 __device__ void write_scalars_now(const Scalars& s) {
   float f[2];
   for (int i = 0; i < 2; ++i) {
-    switch (s.kind[i]) {
-      case Factor::none: f[i] = 1.0f; break;
-      case Factor::value: f[i] = *s.factor[i]; break;
-      case Factor::nvfp4_amax:
-        f[i] = 1.0f / scale_from_amax(*s.factor[i], 2688.0f, /*pow2=*/false, /*eps=*/0.0f);
-        break;
-    }
+    f[i] = factor_value(s.kind[i], s.factor[i]);
   }
   const float alpha = s.alpha * (f[0] * f[1]);
   s.out[0] = alpha;  // a GEMM that writes the output
@@ -522,15 +475,7 @@ constexpr int kExactThreads = 256; // 16 x 16 threads
 constexpr int kExactPad = 4;       // row padding: conflict-free stores of K-major tiles
 static_assert(kExactTile * kExactTileK == 4 * kExactThreads, "each thread decodes 4 elements per operand");
 
-__device__ float factor_of(const ExactOperand& x) {
-  switch (x.factor) {
-    case Factor::none: return 1.0f;
-    case Factor::value: return *x.factor_ptr;
-    case Factor::nvfp4_amax:
-      return 1.0f / scale_from_amax(*x.factor_ptr, 2688.0f, /*pow2=*/false, /*eps=*/0.0f);
-  }
-  return 1.0f;
-}
+__device__ float factor_of(const ExactOperand& x) { return factor_value(x.factor, x.factor_ptr); }
 
 // Element (o, r) of the logical [outer, inner] operand, decoded as the plugins' reference
 // dequantize does: NaN codes and NaN scales as they are, else code * scale (* factor).
