@@ -29,4 +29,37 @@ inline constexpr int kMaxGroupsPerLaunch = 128;
 // one call); an empty group (rows or cols 0) writes nothing.
 void quantize_grouped(const std::vector<QuantizeArgs>& groups);
 
+// Device-split groups (plugin_abi.h QR_EXTRA_QUANTIZE_GROUPED_DEVICE), 1x128 blocks: group g
+// is rows [offsets[g], offsets[g + 1]) of base.src (device offsets; the host never learns the
+// sizes), quantized with the bytes quantize would write for it alone. Packed outputs: rowwise
+// data [rows, cols] (group g from row offsets[g]) and its scales group after group, each the
+// reference's [ceil(cols/128)][roundup(rows_g, 4)]; columnwise data group after group, each
+// [cols, ld_g] with ld_g = rows_g rounded up to kColumnwiseRowAlign (16-byte aligned rows for the
+// grouped GEMM; padding never written), and its scales group after group, each
+// [ceil(rows_g/128)][roundup(cols, 4)]. The requested directions' qr_group_entry tables are
+// written on the device. base's scale_ld fields are unused.
+inline constexpr std::int64_t kColumnwiseRowAlign = 16;
+inline constexpr std::int64_t kScalePad = 4;  // scale rows padded to 4 (blockwise_ref.hpp)
+
+struct DeviceGroupedArgs {
+  QuantizeArgs base;  // the whole [rows, cols] source, the packed buffers, scale options
+  int groups = 0;
+  const std::int64_t* offsets = nullptr;  // device [groups + 1]
+  qr_group_entry* rowwise_table = nullptr;
+  qr_group_entry* columnwise_table = nullptr;
+};
+
+// Bytes of the packed buffers of one direction for any split of `rows` into `groups` groups.
+inline std::int64_t device_data_bytes(std::int64_t rows, std::int64_t cols, std::int64_t groups,
+                                      bool columnwise) {
+  return columnwise ? cols * (rows + (kColumnwiseRowAlign - 1) * groups) : rows * cols;
+}
+inline std::int64_t device_scale_bytes(std::int64_t rows, std::int64_t cols, std::int64_t groups,
+                                       bool columnwise) {
+  const std::int64_t blocks = (cols + 127) / 128, padded = (cols + kScalePad - 1) / kScalePad * kScalePad;
+  return 4 * (columnwise ? padded * (rows / 128 + groups) : blocks * (rows + (kScalePad - 1) * groups));
+}
+
+void quantize_grouped_device(const DeviceGroupedArgs& args);
+
 }  // namespace qrecipe::blockwise::cuda

@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(TileShape<In>::kThreads, TileShape<In>::kMinBl
   const float scale = cast_scale(s, tensor_amax);
   write_block_zero_scalars(s, scale, tensor_amax);
   const float running = cast_transpose_tile<In, Out>(src, rows, cols, at, scale, raw, rowwise,
-                                                     columnwise, flags, tile);
+                                                     columnwise, rows, flags, tile);
   accumulate_block_amax<T::kThreads>(s, running);
 }
 
