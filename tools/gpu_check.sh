@@ -15,7 +15,10 @@
 # It needs nvcc, cmake (>= 3.24), ninja (or make) and python3 on the machine, and the Debian
 # packages of the other dependencies in .deps/ (libyaml-cpp-dev, libyaml-cpp0.7,
 # libboost1.74-dev, doctest-dev): they are unpacked with `dpkg -x` into $QRECIPE_DEPS_PREFIX
-# (default /opt/deps; nothing is installed system-wide, no network is used).
+# (default /opt/deps; nothing is installed system-wide, no network is used). The CUTLASS
+# headers of the grouped GEMMs come from the nvidia-cutlass wheel: the installed package when
+# python3 imports cutlass_library, else .whl/nvidia_cutlass-*.whl unzipped into the same prefix
+# (without either the build has no grouped kernels, and the configure log says so).
 #
 # Environment:
 #   OUT                  where logs and bench.json go (default ./gpu-out)
@@ -151,6 +154,23 @@ PY
   [[ -n $c ]] && echo "$c"
 }
 
+# The CUTLASS include folder (cutlass/cutlass.h): the installed nvidia-cutlass package, or
+# .whl/nvidia_cutlass-*.whl unzipped once into $DEPS/nvidia-cutlass (a wheel is a zip).
+find_cutlass_include() {
+  local c
+  c=$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))" 2>/dev/null)
+  if [[ -n $c && -f $c/cutlass/cutlass.h ]]; then echo "$c"; return 0; fi
+  shopt -s nullglob
+  local wheels=("$root"/.whl/nvidia_cutlass-*.whl)
+  shopt -u nullglob
+  [[ ${#wheels[@]} -eq 0 ]] && return 0
+  c=$DEPS/nvidia-cutlass/cutlass_library/source/include
+  if [[ ! -f $c/cutlass/cutlass.h ]]; then
+    mkdir -p "$DEPS/nvidia-cutlass" && python3 -m zipfile -e "${wheels[0]}" "$DEPS/nvidia-cutlass" >&2 || return 0
+  fi
+  [[ -f $c/cutlass/cutlass.h ]] && echo "$c"
+}
+
 # Some GPU images carry a compiler (e.g. /opt/gcc) that has libstdc++.a but no libstdc++.so,
 # so g++ links the C++ runtime statically into every library. libqrecipe.so loaded into a
 # Python process that already holds the shared libstdc++ (torch's) then runs two copies of it
@@ -172,6 +192,9 @@ configure() {
   cublas=$(find_cublaslt_include)
   echo "nvcc: $nvcc"
   echo "cublasLt.h: ${cublas:-not found (configure will say what to do)}"
+  local cutlass
+  cutlass=$(find_cutlass_include)
+  echo "CUTLASS headers: ${cutlass:-not found (no grouped GEMM kernels in this build)}"
   command -v ninja >/dev/null && generator=(-G Ninja)
   link_flags=$(libstdcxx_link_flags)
   echo "C++ runtime linked through: ${link_flags:-compiler default}"
@@ -193,12 +216,13 @@ configure() {
     -DCMAKE_EXE_LINKER_FLAGS="$link_flags"
   )
   [[ -n $cublas ]] && args+=(-DQRECIPE_CUBLASLT_INCLUDE_DIR="$cublas")
+  [[ -n $cutlass ]] && args+=(-DQRECIPE_CUTLASS_INCLUDE_DIR="$cutlass")
   # shellcheck disable=SC2206  # CMAKE_ARGS is a list of words on purpose
   [[ -n ${CMAKE_ARGS:-} ]] && args+=(${CMAKE_ARGS})
   echo "cmake ${args[*]}"
   cmake "${args[@]}" || return 1
   # Where the dependencies were found (they must all be under $DEPS on the GPU machine).
-  grep -E '^(yaml-cpp_DIR|doctest_DIR|Boost_DIR|Boost_INCLUDE_DIR|QRECIPE_CUBLASLT_INCLUDE_DIR|CMAKE_CUDA_COMPILER):' \
+  grep -E '^(yaml-cpp_DIR|doctest_DIR|Boost_DIR|Boost_INCLUDE_DIR|QRECIPE_CUBLASLT_INCLUDE_DIR|QRECIPE_CUTLASS_INCLUDE_DIR|CMAKE_CUDA_COMPILER):' \
     "$BUILD_DIR/CMakeCache.txt"
 }
 

@@ -228,9 +228,7 @@ class Float8Quantizer final : public sdk::QuantizerBase {
       a.columnwise_amax = d.amax;
       a.columnwise_table = d.groups;
     }
-    set_group_scaling(a, src.device);
-    a.device_index = src.device.index;
-    a.stream = args.stream;
+    set_grouped_scaling(a, src.device, args.stream);
     cuda::quantize_grouped_device(a);
 #else
     (void)args;  // unreachable: check_grouped_device_source refuses CUDA sources in this build
@@ -471,10 +469,11 @@ class Float8Quantizer final : public sdk::QuantizerBase {
   }
 
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
-  // The scaling of a grouped call (host or device splits): current scaling's options, or the
-  // delayed state's scale and history row 0 on `device`.
-  template <class GroupedArgs>
-  void set_group_scaling(GroupedArgs& a, const qr_device& device) {
+  // The scaling fields, device and stream both grouped entries pass (GroupedCastArgs,
+  // DeviceGroupedArgs): current scaling's parameters, or the delayed state on the source's
+  // device.
+  template <class Args>
+  void set_grouped_scaling(Args& a, const qr_device& device, void* stream) {
     if (o_.scaling == Scaling::current) {
       a.fmax = ref::fp8_max(o_.dtype);
       a.pow2_scales = o_.pow2_scales;
@@ -484,6 +483,8 @@ class Float8Quantizer final : public sdk::QuantizerBase {
       a.delayed_scale = state_.scale;
       a.history_row0 = state_.amax_history;
     }
+    a.device_index = device.index;
+    a.stream = stream;
   }
 #endif
 
@@ -516,9 +517,7 @@ class Float8Quantizer final : public sdk::QuantizerBase {
         o.columnwise_amax = static_cast<float*>(t.columnwise.amax.data);
       }
     });
-    set_group_scaling(a, src.device);
-    a.device_index = src.device.index;
-    a.stream = args.stream;
+    set_grouped_scaling(a, src.device, args.stream);
     cuda::quantize_grouped(a);
 #else
     (void)src;  // unreachable: quantize_grouped refuses CUDA sources in this build
