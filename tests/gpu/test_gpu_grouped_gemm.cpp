@@ -384,7 +384,7 @@ void check_recipe(const std::string& recipe, const std::vector<std::int64_t>& sp
                                             GemmTarget::sm90, true).gemm;
           }
           int bad = 0;
-          for (const auto* run : {&got, &dev}) {
+          for (const std::vector<float>* run : {&got, static_cast<const std::vector<float>*>(&dev)}) {
             if (run->empty() && !want.empty()) continue;
             const GemmPlan& p = run == &got ? plan.gemm : device_plan;
             const double gamma = gamma_of(p, ca[g].inner());

@@ -650,8 +650,10 @@ void decode1(const DecodeJob& job, const Scalars& scalars, const ExactnessFlag& 
                 " with block scale ", static_cast<int>(op.scale));
 }
 
+}  // namespace
+
 // Multiprocessors of `device` (cached; 132, an H100's, if the query fails: only a grid size).
-int multiprocessors(int device) {
+int multiprocessor_count(int device) {
   static std::atomic<int> counts[64] = {};
   if (device < 0 || device >= 64) return 132;
   int n = counts[device].load(std::memory_order_relaxed);
@@ -664,8 +666,6 @@ int multiprocessors(int device) {
   }
   return n;
 }
-
-}  // namespace
 
 void bf16_to_f32(const std::uint16_t* src, float* dst, std::int64_t n, void* stream) {
   if (n == 0) return;
@@ -752,7 +752,7 @@ void exact_gemm_if_flagged(const ExactGemm& gemm, const ExactnessFlag& flag, int
   QR_CHECK_CODE(!gemm.accumulate || gemm.old != nullptr, QR_STATUS_INTERNAL,
                 "exact_gemm_if_flagged: accumulate needs the old output");
   const std::int64_t tiles = ((gemm.m + kExactTile - 1) / kExactTile) * ((gemm.n + kExactTile - 1) / kExactTile);
-  const int grid = static_cast<int>(std::min<std::int64_t>(tiles, 2 * std::int64_t{multiprocessors(device)}));
+  const int grid = static_cast<int>(std::min<std::int64_t>(tiles, 2 * std::int64_t{multiprocessor_count(device)}));
   exact_gemm_kernel<<<grid, kExactThreads, 0, static_cast<cudaStream_t>(stream)>>>(gemm, flag);
   check_launch("exact_gemm_if_flagged", gemm.m * gemm.n);
 }

@@ -431,7 +431,7 @@ GemmPlan run_grouped(const Run& r, GroupedGemmPlan& plan, GroupedKernel kernel) 
   c.max_scales_a = za.scales;
   c.max_scales_b = zb.scales;
   c.device = r.device;
-  c.sm_count = grouped::multiprocessor_count(r.device);
+  c.sm_count = gemm_kernels::multiprocessor_count(r.device);
   c.stream = stream;
   c.scratch = &scratch;
   c.scratch_ctx = const_cast<ScratchContext*>(&ctx);

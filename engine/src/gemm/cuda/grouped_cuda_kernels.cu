@@ -10,7 +10,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "gemm/cuda/decode_values.cuh"
 #include "qrecipe/conversions.hpp"
@@ -394,24 +393,6 @@ __global__ void __launch_bounds__(kExactThreads) exact_grouped_kernel(const Exac
   }
 }
 
-}  // namespace
-
-int multiprocessor_count(int device) {
-  static std::atomic<int> counts[64] = {};
-  if (device < 0 || device >= 64) return 132;
-  int n = counts[device].load(std::memory_order_relaxed);
-  if (n == 0) {
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) {
-      (void)cudaGetLastError();
-      n = 132;
-    }
-    counts[device].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
-namespace {
-
 unsigned blocks_per_group(std::int64_t max_elements) {
   const std::int64_t blocks = (max_elements + kEpilogueThreads * 4 - 1) / (kEpilogueThreads * 4);
   return static_cast<unsigned>(std::clamp<std::int64_t>(blocks, 1, kMaxBlocksPerGroup));
@@ -461,7 +442,7 @@ void exact_grouped_if_flagged(const ExactGroupedArgs& args, void* stream) {
   if (args.groups == 0) return;
   QR_CHECK_CODE(!args.accumulate || args.old != nullptr, QR_STATUS_INTERNAL,
                 "exact grouped GEMM: accumulate needs the saved outputs");
-  exact_grouped_kernel<<<2 * multiprocessor_count(args.device), kExactThreads, 0,
+  exact_grouped_kernel<<<2 * gemm_kernels::multiprocessor_count(args.device), kExactThreads, 0,
                          static_cast<cudaStream_t>(stream)>>>(args);
   check_launch("exact_grouped_if_flagged");
 }

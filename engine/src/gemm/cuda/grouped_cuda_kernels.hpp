@@ -92,7 +92,4 @@ struct ExactGroupedArgs {
 };
 void exact_grouped_if_flagged(const ExactGroupedArgs& args, void* stream);
 
-// Multiprocessors of `device` (cached; 132, an H100's, when the query fails).
-int multiprocessor_count(int device);
-
 }  // namespace qrecipe::detail::grouped

@@ -6,13 +6,8 @@ namespace qrecipe::detail::grouped {
 namespace {
 
 using cutlass_impl::BlockwiseGemm;
+using cutlass_impl::no_kernel;
 using cutlass_impl::PlainGemm;
-
-[[noreturn]] void no_kernel(const CutlassArgs& args, const char* unit) {
-  QR_THROW_CODE(QR_STATUS_INTERNAL, "grouped GEMM ", args.what, ": ", unit, " has no ",
-                grouped_kernel_name(args.kernel), " kernel with a ", args.out_f32 ? "f32" : "bf16",
-                " output (gemm/grouped_pairing.cpp and the instantiations disagree)");
-}
 
 using Tile = cute::Shape<cute::_256, cute::_128, cute::_64>;
 using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;

@@ -379,6 +379,13 @@ typename Cfg::Gemm::Arguments arguments_of(const Arrays<Cfg>& arr, const Cutlass
   return x;
 }
 
+// A unit asked for a kernel it does not instantiate: the plan and the units disagree.
+[[noreturn]] inline void no_kernel(const CutlassArgs& args, const char* unit) {
+  QR_THROW_CODE(QR_STATUS_INTERNAL, "grouped GEMM ", args.what, ": ", unit, " has no ",
+                grouped_kernel_name(args.kernel), " kernel with a ", args.out_f32 ? "f32" : "bf16",
+                " output (gemm/grouped_pairing.cpp and the instantiations disagree)");
+}
+
 template <class Cfg>
 void run(const CutlassArgs& args) {
   using Gemm = typename Cfg::Gemm;
