@@ -289,9 +289,9 @@ const qr_grouped_direction& check_grouped_device_direction(const Q& q,
   QR_CHECK(gd.data_bytes >= data && gd.scale_bytes >= scales && gd.scale_inv != nullptr &&
                (!needs_amax || gd.amax != nullptr),
            format, " quantize_grouped_device: the ", direction_str(d), " buffers hold ",
-           gd.data_bytes, " / ", gd.scale_bytes, " bytes", needs_amax && !gd.amax ? " and no amax" : "",
-           ", need ", data, " / ", scales, " (grouped_device_sizes)",
-           gd.scale_inv ? "" : " and a scale_inv buffer");
+           gd.data_bytes, " / ", gd.scale_bytes, " bytes",
+           needs_amax && !gd.amax ? " and no amax" : "", ", need ", data, " / ", scales,
+           " (grouped_device_sizes)", gd.scale_inv ? "" : " and a scale_inv buffer");
   return gd;
 }
 
