@@ -2,11 +2,18 @@
 # The one script for a GPU machine: build with CUDA, run every C++ suite (test_gpu_parity
 # included: CUDA == CPU bit for bit) and the quantize benchmark.
 #
-#   tools/gpu_check.sh [configure|build|test|bench|all]...   (default: all = build test bench)
+#   tools/gpu_check.sh [configure|build|test|bench|grouped|all]...   (default: all = build test bench)
 #
 #   configure  unpack .deps and configure only (build does this too when needed)
 #   build      unpack, configure unless $BUILD_DIR/CMakeCache.txt exists, build everything
 #   test       ctest -j8 (every suite, the test_gpu_parity_<format> entries included)
+#   grouped    the MoE grouped GEMMs alone (docs/gemm.md "Grouped GEMMs"; not part of all, whose
+#              test and bench stages run the same suites and benchmark): the grouped ctest
+#              suites (test_gpu_grouped_gemm: grouped == per-expert GEMMs and the CPU reference,
+#              every shipped recipe, host and device splits), the adapter's grouped pytest files
+#              (device splits with no host synchronization), then bench_grouped_linear.py with
+#              a budget that keeps it under 3 minutes on an H100, writing
+#              $OUT/bench_grouped_linear.json and $OUT/bench_grouped_linear.md
 #   bench      bench_quantize --out $OUT/bench.json, bench_gemm --out $OUT/bench_gemm.json,
 #              bench/bench_linear.py --out $OUT/bench_linear.json and
 #              bench/bench_grouped_linear.py --out $OUT/bench_grouped_linear.json (when the
@@ -31,7 +38,8 @@
 #   BENCH_ARGS           extra arguments for bench_quantize (e.g. "--runs 50")
 #   BENCH_GEMM_ARGS      extra arguments for bench_gemm (e.g. "--shapes 4096x4096x4096")
 #   BENCH_LINEAR_ARGS    extra arguments for bench_linear.py (e.g. "--recipes default,blockwise")
-#   BENCH_GROUPED_ARGS   extra arguments for bench_grouped_linear.py (e.g. "--configs 8x16384x4096x4096")
+#   BENCH_GROUPED_ARGS   extra arguments for bench_grouped_linear.py (e.g. "--experts 64 --tokens 512")
+#   GROUPED_BUDGET_S     the grouped stage's benchmark budget in seconds after start-up (default 130)
 #   QRECIPE_GPU_PYTHON   0: do not build the PyTorch adapter (default: built when python3 has
 #                        a CUDA torch; then the test stage also runs pytest tests/python)
 #   CMAKE_ARGS           extra arguments for the configure step
@@ -61,8 +69,8 @@ stages=("$@")
 [[ ${#stages[@]} -eq 0 ]] && stages=(all)
 if [[ " ${stages[*]} " == *" all "* ]]; then stages=(build test bench); fi
 for s in "${stages[@]}"; do
-  case $s in configure|build|test|bench) ;;
-    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, all)" >&2; exit 2 ;;
+  case $s in configure|build|test|bench|grouped) ;;
+    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, grouped, all)" >&2; exit 2 ;;
   esac
 done
 
@@ -309,13 +317,7 @@ do_bench() {
   runtime_env
   local bin=$BUILD_DIR/bin/bench_quantize
   if [[ ! -x $bin ]]; then echo "no $bin: run the build stage first"; return 1; fi
-  if [[ -z ${QRECIPE_COMMIT:-} ]]; then
-    QRECIPE_COMMIT=$(git -C "$root" rev-parse --verify -q HEAD 2>/dev/null) || QRECIPE_COMMIT=unknown
-    if [[ $QRECIPE_COMMIT != unknown ]] && [[ -n $(git -C "$root" status --porcelain 2>/dev/null) ]]; then
-      QRECIPE_COMMIT="$QRECIPE_COMMIT-dirty"
-    fi
-  fi
-  export QRECIPE_COMMIT
+  set_commit
   local rc=0
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of words on purpose
   "$bin" --out "$OUT/bench.json" ${BENCH_ARGS:-} || rc=1
@@ -331,13 +333,64 @@ do_bench() {
       # qrecipe.nn.GroupedLinear (MoE experts) against separate layers (bench/bench_grouped_linear.py).
       # shellcheck disable=SC2086  # BENCH_GROUPED_ARGS is a list of words on purpose
       PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_grouped_linear.py" \
-        --out "$OUT/bench_grouped_linear.json" ${BENCH_GROUPED_ARGS:-} || rc=1
+        --out "$OUT/bench_grouped_linear.json" --md "$OUT/bench_grouped_linear.md" \
+        ${BENCH_GROUPED_ARGS:-} || rc=1
     fi
   fi
   # One file of the results format (bench/results/<date>-<gpu>.json) and its markdown table.
   local parts=()
   for f in bench.json bench_gemm.json bench_linear.json bench_grouped_linear.json; do [[ -f $OUT/$f ]] && parts+=("$OUT/$f"); done
   python3 "$root/tools/bench_table.py" --merge "$OUT/results.json" "${parts[@]}" >"$OUT/results.md" || rc=1
+  return $rc
+}
+
+# ---------------------------------------------------------------- grouped
+
+set_commit() {
+  if [[ -z ${QRECIPE_COMMIT:-} ]]; then
+    QRECIPE_COMMIT=$(git -C "$root" rev-parse --verify -q HEAD 2>/dev/null) || QRECIPE_COMMIT=unknown
+    if [[ $QRECIPE_COMMIT != unknown ]] && [[ -n $(git -C "$root" status --porcelain 2>/dev/null) ]]; then
+      QRECIPE_COMMIT="$QRECIPE_COMMIT-dirty"
+    fi
+  fi
+  export QRECIPE_COMMIT
+}
+
+# The MoE grouped GEMMs: results on the GPU against per-expert GEMMs and the CPU reference,
+# device splits without host synchronization, then the grouped benchmark in under 3 minutes.
+do_grouped() {
+  runtime_env
+  set_commit
+  if [[ ! -f $BUILD_DIR/CTestTestfile.cmake ]]; then echo "no build in $BUILD_DIR: run the build stage first"; return 1; fi
+  if ! has_adapter; then
+    echo "the grouped stage needs the PyTorch adapter (a CUDA torch for python3; QRECIPE_GPU_PYTHON not 0)"
+    return 1
+  fi
+  local rc=0 t0
+  echo "--- grouped GEMMs on the GPU == per-expert GEMMs and the CPU reference (ctest, verbose)"
+  (cd "$BUILD_DIR" && ctest -V --timeout 1200 \
+     -R '^(test_grouped_gemm|test_grouped_quantize|test_gpu_grouped|test_gpu_grouped_gemm)$') \
+     >"$OUT/grouped_ctest.log" 2>&1 || rc=1
+  grep -E 'tests passed|grouped kernels built|grouped GEMM parity|fprop .* grouped .* per expert|ERROR|not supported' \
+    "$OUT/grouped_ctest.log" | sed -E 's/^[0-9]+: //' | head -n 40
+  [[ $rc -eq 0 ]] || { echo "grouped ctest FAILED: see $OUT/grouped_ctest.log"; tail -n 80 "$OUT/grouped_ctest.log"; }
+  echo "--- adapter: GroupedLinear on CUDA (device splits, no host synchronization) and on the CPU"
+  local py_log=$OUT/grouped_pytest.log
+  PYTHONPATH="$BUILD_DIR/python" python3 -m pytest -q -rs -p no:cacheprovider \
+    "$root/tests/python/test_grouped_cuda.py" "$root/tests/python/test_grouped_linear.py" 2>&1 | tee "$py_log"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+  # On a GPU machine the CUDA cases must run: a skip there means no usable CUDA torch.
+  if grep -qE 'SKIPPED .*needs a CUDA device' "$py_log"; then
+    echo "FAILED: CUDA cases were skipped on the GPU machine (see above)"
+    rc=1
+  fi
+  echo "--- bench_grouped_linear.py (budget ${GROUPED_BUDGET_S:-130} s after start-up)"
+  t0=$SECONDS
+  # shellcheck disable=SC2086  # BENCH_GROUPED_ARGS is a list of words on purpose
+  PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_grouped_linear.py" \
+    --budget-s "${GROUPED_BUDGET_S:-130}" --out "$OUT/bench_grouped_linear.json" \
+    --md "$OUT/bench_grouped_linear.md" ${BENCH_GROUPED_ARGS:-} || rc=1
+  echo "bench_grouped_linear.py took $((SECONDS - t0)) s (must stay under 180 s)"
   return $rc
 }
 
@@ -363,6 +416,15 @@ print_summary() {
         | sed -E 's/^.*(MESSAGE|ERROR): /  \1: /' | grep -v 'supports cpu only\|not in QRECIPE_GPU_PARITY_ONLY' | head -n 60
     fi
   fi
+  if [[ " ${summary_order[*]} " == *" grouped "* ]]; then
+    echo
+    echo "grouped:"
+    [[ -f $OUT/grouped_ctest.log ]] && grep -E 'tests passed|grouped GEMM parity|grouped kernels built' \
+      "$OUT/grouped_ctest.log" | sed -E 's/^[0-9]+: //; s/^/  /'
+    [[ -f $OUT/grouped_pytest.log ]] && tail -n 1 "$OUT/grouped_pytest.log" | sed 's/^/  pytest: /'
+    grep -E '^bench_grouped_linear.py took' "$OUT/grouped.log" | sed 's/^/  /'
+    [[ -f $OUT/bench_grouped_linear.md ]] && { echo; cat "$OUT/bench_grouped_linear.md"; }
+  fi
   if [[ -f $OUT/results.md && " ${summary_order[*]} " == *" bench "* ]]; then
     # Every benchmark record of this run (quantize, GEMM, Linear step), last.
     echo
@@ -377,6 +439,7 @@ for s in "${stages[@]}"; do
     build) stage build do_build || { failed=1; break; } ;;  # nothing to test without a build
     test) stage test do_test || failed=1 ;;
     bench) stage bench do_bench || failed=1 ;;
+    grouped) stage grouped do_grouped || failed=1 ;;
   esac
 done
 print_summary
