@@ -371,7 +371,7 @@ do_grouped() {
   (cd "$BUILD_DIR" && ctest -V --timeout 1200 \
      -R '^(test_grouped_gemm|test_grouped_quantize|test_gpu_grouped|test_gpu_grouped_gemm)$') \
      >"$OUT/grouped_ctest.log" 2>&1 || rc=1
-  grep -E 'tests passed|grouped kernels built|grouped GEMM parity|fprop .* grouped .* per expert|ERROR|not supported' \
+  grep -E '% tests passed|grouped kernels built|grouped GEMM parity|fprop .* grouped .* per expert|ERROR|not supported' \
     "$OUT/grouped_ctest.log" | sed -E 's/^[0-9]+: //' | head -n 40
   [[ $rc -eq 0 ]] || { echo "grouped ctest FAILED: see $OUT/grouped_ctest.log"; tail -n 80 "$OUT/grouped_ctest.log"; }
   echo "--- adapter: GroupedLinear on CUDA (device splits, no host synchronization) and on the CPU"
@@ -419,7 +419,7 @@ print_summary() {
   if [[ " ${summary_order[*]} " == *" grouped "* ]]; then
     echo
     echo "grouped:"
-    [[ -f $OUT/grouped_ctest.log ]] && grep -E 'tests passed|grouped GEMM parity|grouped kernels built' \
+    [[ -f $OUT/grouped_ctest.log ]] && grep -E '% tests passed|grouped GEMM parity|grouped kernels built' \
       "$OUT/grouped_ctest.log" | sed -E 's/^[0-9]+: //; s/^/  /'
     [[ -f $OUT/grouped_pytest.log ]] && tail -n 1 "$OUT/grouped_pytest.log" | sed 's/^/  pytest: /'
     grep -E '^bench_grouped_linear.py took' "$OUT/grouped.log" | sed 's/^/  /'
