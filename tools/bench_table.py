@@ -34,6 +34,8 @@ def main(paths):
                 extra.append(f"vs same-size copy {r['same_size_copy_ratio']:.3f}")
             if r.get("speedup_vs_bf16") is not None:
                 extra.append(f"vs bf16 {r['speedup_vs_bf16']:.2f}x")
+            if r.get("bytes_ratio_to_bf16") is not None:
+                extra.append(f"bytes {r['bytes_ratio_to_bf16']:.2f}x bf16's")
             if r.get("floor_ms") is not None:
                 extra.append(f"floor {r['floor_ms']:.3f} ms")
             if r.get("ratio_to_torchao") is not None:

@@ -2,7 +2,8 @@
 # The one script for a GPU machine: build with CUDA, run every C++ suite (test_gpu_parity
 # included: CUDA == CPU bit for bit) and the quantize benchmark.
 #
-#   tools/gpu_check.sh [configure|build|test|bench|grouped|all]...   (default: all = build test bench)
+#   tools/gpu_check.sh [configure|build|test|bench|grouped|llama|tp|fsdp|all]...
+#                                         (default: all = build test bench llama tp fsdp)
 #
 #   configure  unpack .deps and configure only (build does this too when needed)
 #   build      unpack, configure unless $BUILD_DIR/CMakeCache.txt exists, build everything
@@ -16,8 +17,20 @@
 #              $OUT/bench_grouped_linear.json and $OUT/bench_grouped_linear.md
 #   bench      bench_quantize --out $OUT/bench.json, bench_gemm --out $OUT/bench_gemm.json,
 #              bench/bench_linear.py --out $OUT/bench_linear.json and
-#              bench/bench_grouped_linear.py --out $OUT/bench_grouped_linear.json (when the
+#              bench/bench_grouped_linear.py --out $OUT/bench_grouped_linear.json and
+#              bench/bench_fsdp.py --out $OUT/bench_fsdp.json (world size 1) (when the
 #              adapter is built)
+#   llama      bench/bench_hf_llama.py --out $OUT/bench_hf_llama.json: a Hugging Face Llama
+#              step with Llama-3-8B layer shapes, BF16 / torchao / qrecipe, eager and compiled
+#              (needs the adapter and transformers; skipped, not failed, without them)
+#   tp         torchrun on 2 GPUs (NCCL; NVLink multicast off) of bench/bench_tp.py --check
+#              --out $OUT/bench_tp.json: a tensor + sequence parallel block, qrecipe against
+#              BF16, step time and collective bytes; skipped when fewer than 2 GPUs are visible
+#   fsdp       torchrun on FSDP_WORLD GPUs (default 2; NCCL; NVLink multicast off) of
+#              bench/bench_fsdp.py --out $OUT/bench_fsdp_ws<N>.json (and .md): FSDP2 steps
+#              per recipe against BF16 FSDP2 + AdamW(fused), bytes all-gathered and
+#              reduce-scattered, peak memory, and the world-size-N vs one-GPU equality check
+#              (about 2 minutes on 2 H100s); skipped when fewer than 2 GPUs are visible
 #
 # It needs nvcc, cmake (>= 3.24), ninja (or make) and python3 on the machine, and the Debian
 # packages of the other dependencies in .deps/ (libyaml-cpp-dev, libyaml-cpp0.7,
@@ -40,6 +53,11 @@
 #   BENCH_LINEAR_ARGS    extra arguments for bench_linear.py (e.g. "--recipes default,blockwise")
 #   BENCH_GROUPED_ARGS   extra arguments for bench_grouped_linear.py (e.g. "--experts 64 --tokens 512")
 #   GROUPED_BUDGET_S     the grouped stage's benchmark budget in seconds after start-up (default 130)
+#   BENCH_HF_ARGS        extra arguments for bench_hf_llama.py (e.g. "--check --samples 7")
+#   BENCH_TP_ARGS        extra arguments for bench_tp.py (e.g. "--recipes default --seq 4096")
+#   BENCH_FSDP_ARGS      extra arguments for bench_fsdp.py in the bench stage (world size 1)
+#   FSDP_WORLD           GPUs the fsdp stage runs on (default 2)
+#   FSDP_ARGS            extra arguments for bench_fsdp.py in the fsdp stage
 #   QRECIPE_GPU_PYTHON   0: do not build the PyTorch adapter (default: built when python3 has
 #                        a CUDA torch; then the test stage also runs pytest tests/python)
 #   CMAKE_ARGS           extra arguments for the configure step
@@ -67,10 +85,11 @@ MULTIARCH=x86_64-linux-gnu
 
 stages=("$@")
 [[ ${#stages[@]} -eq 0 ]] && stages=(all)
-if [[ " ${stages[*]} " == *" all "* ]]; then stages=(build test bench); fi
+if [[ " ${stages[*]} " == *" all "* ]]; then stages=(build test bench llama tp fsdp); fi
 for s in "${stages[@]}"; do
-  case $s in configure|build|test|bench|grouped) ;;
-    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, grouped, all)" >&2; exit 2 ;;
+  case $s in configure|build|test|bench|grouped|llama|tp|fsdp) ;;
+    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, grouped, llama, tp, fsdp, all)" >&2
+       exit 2 ;;
   esac
 done
 
@@ -78,6 +97,8 @@ declare -A status seconds
 summary_order=()
 
 # stage NAME FUNCTION: runs FUNCTION with its output in $OUT/NAME.log (tail shown on failure).
+# FUNCTION returns SKIPPED when the machine cannot run the stage (its log says why).
+SKIPPED=77
 stage() {
   local name=$1 fn=$2 t0=$SECONDS rc
   echo "=== [$name] start (log: $OUT/$name.log)"
@@ -85,7 +106,11 @@ stage() {
   rc=$?
   seconds[$name]=$((SECONDS - t0))
   summary_order+=("$name")
-  if [[ $rc -eq 0 ]]; then
+  if [[ $rc -eq $SKIPPED ]]; then
+    status[$name]=skipped
+    tail -n 3 "$OUT/$name.log"
+    rc=0
+  elif [[ $rc -eq 0 ]]; then
     status[$name]=ok
   else
     status[$name]="FAILED (rc $rc)"
@@ -305,6 +330,11 @@ do_test() {
     echo "--- pytest (PyTorch adapter, $(python3 -c 'import torch; print(torch.__version__)'))"
     PYTHONPATH="$BUILD_DIR/python" python3 -m pytest -q -p no:cacheprovider "$root/tests/python" \
       || rc=1
+    # FSDP2 with quantized parameters on the GPU: the same cases with NCCL at world size 1
+    # (the all-gather hooks still pack and unpack every weight; tests/python/test_fsdp.py).
+    echo "--- pytest test_fsdp.py with NCCL, world size 1"
+    QRECIPE_FSDP_BACKEND=nccl QRECIPE_FSDP_WORLDS=1 PYTHONPATH="$BUILD_DIR/python" \
+      python3 -m pytest -q -p no:cacheprovider "$root/tests/python/test_fsdp.py" || rc=1
   else
     echo "--- pytest skipped: the adapter was not built (no CUDA torch, or QRECIPE_GPU_PYTHON=0)"
   fi
@@ -335,12 +365,95 @@ do_bench() {
       PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_grouped_linear.py" \
         --out "$OUT/bench_grouped_linear.json" --md "$OUT/bench_grouped_linear.md" \
         ${BENCH_GROUPED_ARGS:-} || rc=1
+      # FSDP2 steps with quantized parameters against BF16 FSDP2 at world size 1 (bytes the
+      # all-gather would move, step time, the FSDP2-vs-one-GPU check; bench/bench_fsdp.py).
+      # shellcheck disable=SC2086  # BENCH_FSDP_ARGS is a list of words on purpose
+      PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_fsdp.py" \
+        --out "$OUT/bench_fsdp.json" ${BENCH_FSDP_ARGS:-} || rc=1
     fi
   fi
-  # One file of the results format (bench/results/<date>-<gpu>.json) and its markdown table.
+  merge_results || rc=1
+  return $rc
+}
+
+# One file of the results format (bench/results/<date>-<gpu>.json) and its markdown table, of
+# every benchmark file this run (or an earlier one into the same $OUT) wrote.
+merge_results() {
   local parts=()
-  for f in bench.json bench_gemm.json bench_linear.json bench_grouped_linear.json; do [[ -f $OUT/$f ]] && parts+=("$OUT/$f"); done
-  python3 "$root/tools/bench_table.py" --merge "$OUT/results.json" "${parts[@]}" >"$OUT/results.md" || rc=1
+  for f in bench.json bench_gemm.json bench_linear.json bench_grouped_linear.json \
+           bench_hf_llama.json bench_tp.json bench_fsdp.json "bench_fsdp_ws${FSDP_WORLD:-2}.json"; do
+    [[ -f $OUT/$f ]] && parts+=("$OUT/$f")
+  done
+  [[ ${#parts[@]} -eq 0 ]] && return 0
+  python3 "$root/tools/bench_table.py" --merge "$OUT/results.json" "${parts[@]}" >"$OUT/results.md"
+}
+
+# ---------------------------------------------------------------- llama
+
+# A Hugging Face Llama step (Llama-3-8B layer shapes): BF16, torchao float8 and qrecipe, eager
+# and compiled (bench/bench_hf_llama.py).
+do_llama() {
+  runtime_env
+  if ! has_adapter; then echo "llama: the adapter was not built (no CUDA torch)"; return $SKIPPED; fi
+  if ! python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+    echo "llama: no CUDA device visible to torch"; return $SKIPPED
+  fi
+  if ! python3 -c "import transformers" >/dev/null 2>&1; then
+    echo "llama: transformers is not importable by python3"; return $SKIPPED
+  fi
+  local rc=0
+  # shellcheck disable=SC2086  # BENCH_HF_ARGS is a list of words on purpose
+  PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_hf_llama.py" \
+    --out "$OUT/bench_hf_llama.json" ${BENCH_HF_ARGS:-} || rc=1
+  merge_results || rc=1
+  return $rc
+}
+
+# ---------------------------------------------------------------- tp
+
+# Tensor + sequence parallelism on 2 GPUs (bench/bench_tp.py --check: the 2-rank output
+# against one process, then step time and collective bytes against BF16 TP). NVLink
+# multicast (NVLS, symmetric memory) stays off: the lent machines do not allow it.
+do_tp() {
+  runtime_env
+  if ! has_adapter; then echo "tp: the adapter was not built (no CUDA torch)"; return $SKIPPED; fi
+  local gpus
+  gpus=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+  if [[ ${gpus:-0} -lt 2 ]]; then
+    echo "tp: needs 2 GPUs, $gpus visible"; return $SKIPPED
+  fi
+  local rc=0
+  # shellcheck disable=SC2086  # BENCH_TP_ARGS is a list of words on purpose
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+    PYTHONPATH="$BUILD_DIR/python" timeout 300 python3 -m torch.distributed.run --standalone \
+    --nproc-per-node 2 "$root/bench/bench_tp.py" --check --out "$OUT/bench_tp.json" \
+    ${BENCH_TP_ARGS:-} || rc=1
+  merge_results || rc=1
+  return $rc
+}
+
+# ---------------------------------------------------------------- fsdp
+
+# FSDP2 with quantized parameters on FSDP_WORLD GPUs (bench/bench_fsdp.py: steps per recipe
+# against BF16 FSDP2, collective bytes, peak memory, the N-GPU vs one-GPU equality check).
+# NVLink multicast stays off, in the ranks too (torchrun passes the environment on).
+do_fsdp() {
+  runtime_env
+  if ! has_adapter; then echo "fsdp: the adapter was not built (no CUDA torch)"; return $SKIPPED; fi
+  local gpus world=${FSDP_WORLD:-2}
+  gpus=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+  if [[ ${gpus:-0} -lt 2 ]]; then
+    echo "fsdp: needs 2 GPUs, $gpus visible"; return $SKIPPED
+  fi
+  if [[ $world -gt $gpus ]]; then echo "fsdp: FSDP_WORLD=$world but $gpus GPUs visible"; return 1; fi
+  local rc=0
+  # shellcheck disable=SC2086  # FSDP_ARGS is a list of words on purpose
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+    PYTHONPATH="$BUILD_DIR/python" timeout 600 python3 -m torch.distributed.run --standalone \
+    --nproc-per-node "$world" "$root/bench/bench_fsdp.py" --out "$OUT/bench_fsdp_ws$world.json" \
+    --md "$OUT/bench_fsdp_ws$world.md" ${FSDP_ARGS:-} || rc=1
+  [[ -f $OUT/bench_fsdp_ws$world.md ]] && cat "$OUT/bench_fsdp_ws$world.md"
+  merge_results || rc=1
   return $rc
 }
 
@@ -425,7 +538,7 @@ print_summary() {
     grep -E '^bench_grouped_linear.py took' "$OUT/grouped.log" | sed 's/^/  /'
     [[ -f $OUT/bench_grouped_linear.md ]] && { echo; cat "$OUT/bench_grouped_linear.md"; }
   fi
-  if [[ -f $OUT/results.md && " ${summary_order[*]} " == *" bench "* ]]; then
+  if [[ -f $OUT/results.md && " ${summary_order[*]} " =~ \ (bench|llama|tp)\  ]]; then
     # Every benchmark record of this run (quantize, GEMM, Linear step), last.
     echo
     cat "$OUT/results.md"
@@ -440,6 +553,9 @@ for s in "${stages[@]}"; do
     test) stage test do_test || failed=1 ;;
     bench) stage bench do_bench || failed=1 ;;
     grouped) stage grouped do_grouped || failed=1 ;;
+    llama) stage llama do_llama || failed=1 ;;
+    tp) stage tp do_tp || failed=1 ;;
+    fsdp) stage fsdp do_fsdp || failed=1 ;;
   esac
 done
 print_summary

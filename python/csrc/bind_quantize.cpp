@@ -34,11 +34,16 @@ py::dict layout_dict(const qr_direction_layout& l) {
   return d;
 }
 
+// `amax`: [rowwise, columnwise] amaxes the caller already reduced (over a tensor-parallel
+// group: compute_amax on every rank's shard, then a max all-reduce), so every shard is scaled
+// as the whole tensor would be; nullopt: the format computes the amax of `src` itself.
 PyQuantized quantize(const PyQuantizer& q, const at::Tensor& src, std::uint32_t usage,
-                     std::optional<std::uint64_t> rng_offset) {
+                     std::optional<std::uint64_t> rng_offset,
+                     std::optional<std::array<float, 2>> amax) {
   const TensorView view = to_view(src, "tensor to quantize");
   QuantizeOptions options;
   options.rng_offset = rng_offset;
+  options.amax = amax;
   options.stream = current_stream(src);
   QuantizedTensor out;
   {
@@ -124,6 +129,181 @@ PyQuantized from_buffers(const PyQuantizer& q, std::int64_t rows, std::int64_t c
   return PyQuantized{tensor, q};
 }
 
+// The address given for a part of zero bytes (a group without rows): torch may hand such a
+// tensor a null pointer, and QuantizedTensor::over wants memory for every part the layout
+// has. Nothing is ever read from or written to it.
+void* empty_part() {
+  alignas(256) static std::uint8_t none[256];
+  return none;
+}
+
+// A quantized tensor of `q`'s layout over the memory of `buffers` (same form as from_buffers),
+// without a copy: how a saved operand is rebuilt from the plain tensors torch's saved-tensor
+// hooks handed back (CPU offload moves them and returns new ones). The tensors are kept alive
+// by the result. Each must have the layout's dtype and element count, be contiguous, sit on
+// `device` and start on a 16-byte boundary (what kernels reading the parts assume); a tensor
+// that does not is an error naming it.
+PyQuantized from_tensors(const PyQuantizer& q, std::int64_t rows, std::int64_t cols,
+                         std::uint32_t usage, const py::dict& buffers, const at::Device& device) {
+  QR_CHECK(usage != 0 && (usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0,
+           "from_tensors: usage must be rowwise (1), columnwise (2) or both (3), got ", usage);
+  const Device where = engine_device(device, "from_tensors");
+  std::array<qr_direction_layout, 2> layouts{};
+  std::array<std::array<void*, 3>, 2> parts{};
+  std::array<std::shared_ptr<const void>, 2> owners{};
+  for (auto d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+    if (!(usage & usage_bit(d))) continue;
+    const qr_direction_layout l = q.quantizer->layout(rows, cols, d);
+    layouts[d] = l;
+    const char* dname = direction_name(d);
+    QR_CHECK(buffers.contains(dname), "from_tensors: no '", dname, "' buffers given");
+    const auto given = buffers[dname].cast<py::dict>();
+    auto keep = std::make_shared<std::vector<at::Tensor>>();
+    // Each part's byte size as the engine computes it (4-bit codes packed per row).
+    auto bytes_of = [](DType dtype, int ndim, const std::int64_t* shape) {
+      return static_cast<std::int64_t>(
+          TensorView(nullptr, dtype, std::vector<std::int64_t>(shape, shape + ndim),
+                     Device::cpu()).nbytes());
+    };
+    const std::int64_t one[1] = {1};
+    struct Part {
+      const char* kind;
+      bool present;
+      DType dtype;
+      std::int64_t bytes;
+    };
+    const Part kinds[3] = {
+        {"data", true, static_cast<DType>(l.data_dtype),
+         bytes_of(static_cast<DType>(l.data_dtype), l.data_ndim, l.data_shape)},
+        {"scale_inv", l.scale_ndim > 0, static_cast<DType>(l.scale_dtype),
+         l.scale_ndim > 0 ? bytes_of(static_cast<DType>(l.scale_dtype), l.scale_ndim,
+                                     l.scale_shape) : 0},
+        {"amax", l.has_amax != 0, DType::f32, bytes_of(DType::f32, 1, one)}};
+    for (int k = 0; k < 3; ++k) {
+      if (!kinds[k].present) continue;
+      QR_CHECK(given.contains(kinds[k].kind) && !given[kinds[k].kind].is_none(),
+               "from_tensors: the layout of ", dname, " has a '", kinds[k].kind,
+               "' buffer but none was given");
+      const auto t = given[kinds[k].kind].cast<at::Tensor>();
+      const std::int64_t bytes = kinds[k].bytes;
+      QR_CHECK(t.scalar_type() == storage_dtype(kinds[k].dtype) &&
+                   t.numel() * static_cast<std::int64_t>(t.element_size()) == bytes,
+               "from_tensors: ", dname, " ", kinds[k].kind, " must be ",
+               c10::toString(storage_dtype(kinds[k].dtype)), " holding ", bytes, " bytes, got ",
+               c10::toString(t.scalar_type()), " of shape ", t.sizes());
+      QR_CHECK(t.is_contiguous() && t.device() == device, "from_tensors: ", dname, " ",
+               kinds[k].kind, " must be contiguous on ", device.str(), ", got ",
+               t.is_contiguous() ? "" : "a non-contiguous tensor ", "on ", t.device().str());
+      QR_CHECK(reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0, "from_tensors: ",
+               dname, " ", kinds[k].kind, " does not start on a 16-byte boundary; pass a "
+               "tensor of its own (e.g. .clone())");
+      parts[d][k] = bytes == 0 ? empty_part() : t.data_ptr();
+      keep->push_back(t);
+    }
+    owners[d] = keep;
+  }
+  auto tensor = std::make_shared<QuantizedTensor>(QuantizedTensor::over(
+      q.quantizer->format(), rows, cols, usage, layouts, parts, where, owners));
+  return PyQuantized{tensor, q};
+}
+
+// ---------------------------------------------------------------- one tensor per direction
+// A direction of a quantized tensor as ONE uint8 tensor, laid out as a single quantization
+// allocates it (QuantizedTensor: [scale | amax | data], each part on a 256-byte boundary):
+// what the torch.library operators return for a saved operand (an operator's outputs may not
+// alias each other, so the three parts cannot be three outputs). Offsets of the parts in it:
+struct StorageParts {
+  std::int64_t scale = 0, amax = 0, data = 0, total = 0;
+  std::int64_t scale_bytes = 0, amax_bytes = 0, data_bytes = 0;
+};
+
+StorageParts storage_parts(const qr_direction_layout& l) {
+  constexpr std::int64_t kAlign = 256;  // QuantizedTensor::kPartAlignment
+  auto round_up = [](std::int64_t b) { return (b + kAlign - 1) / kAlign * kAlign; };
+  auto bytes_of = [](DType dtype, int ndim, const std::int64_t* shape) {
+    return static_cast<std::int64_t>(
+        TensorView(nullptr, dtype, std::vector<std::int64_t>(shape, shape + ndim),
+                   Device::cpu()).nbytes());
+  };
+  StorageParts p;
+  p.scale_bytes = l.scale_ndim > 0
+                      ? bytes_of(static_cast<DType>(l.scale_dtype), l.scale_ndim, l.scale_shape)
+                      : 0;
+  p.amax_bytes = l.has_amax ? 4 : 0;
+  p.data_bytes = bytes_of(static_cast<DType>(l.data_dtype), l.data_ndim, l.data_shape);
+  p.amax = round_up(p.scale_bytes);
+  p.data = p.amax + round_up(p.amax_bytes);
+  p.total = p.data + p.data_bytes;
+  return p;
+}
+
+// The uint8 tensor of one direction: an alias of the allocation when the tensor was quantized
+// on its own (the parts sit at storage_parts' offsets), else a packed copy (a group of a
+// grouped quantization, whose parts sit elsewhere).
+at::Tensor direction_storage(const PyQuantized& q, const std::string& direction) {
+  const qr_direction_data& dd = q.direction(direction);
+  const StorageParts p = storage_parts(dd.layout);
+  auto* data = static_cast<std::uint8_t*>(dd.data.data);
+  std::uint8_t* base = data - p.data;
+  const bool single =
+      (p.scale_bytes == 0 || dd.scale_inv.data == base + p.scale) &&
+      (p.amax_bytes == 0 || dd.amax.data == base + p.amax);
+  const auto options = at::TensorOptions().dtype(at::kByte).device(
+      torch_device(Device::from_c(dd.data.device)));
+  if (single) {
+    std::shared_ptr<const void> owner = q.tensor;
+    return at::from_blob(base, {p.total}, [keep = std::move(owner)](void*) mutable {
+      keep.reset();
+    }, options);
+  }
+  at::Tensor out = at::zeros({p.total}, options);
+  auto copy_part = [&](const void* src, std::int64_t offset, std::int64_t bytes) {
+    if (bytes == 0) return;
+    at::Tensor from = at::from_blob(const_cast<void*>(src), {bytes}, options);
+    out.narrow(0, offset, bytes).copy_(from);
+  };
+  copy_part(dd.scale_inv.data, p.scale, p.scale_bytes);
+  copy_part(dd.amax.data, p.amax, p.amax_bytes);
+  copy_part(dd.data.data, p.data, p.data_bytes);
+  return out;
+}
+
+// A quantized tensor over the per-direction uint8 tensors direction_storage made (moved,
+// copied or handed back by saved-tensor hooks), without a copy.
+PyQuantized from_storage(const PyQuantizer& q, std::int64_t rows, std::int64_t cols,
+                         std::uint32_t usage, const py::dict& storages,
+                         const at::Device& device) {
+  QR_CHECK(usage != 0 && (usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0,
+           "from_storage: usage must be rowwise (1), columnwise (2) or both (3), got ", usage);
+  const Device where = engine_device(device, "from_storage");
+  std::array<qr_direction_layout, 2> layouts{};
+  std::array<std::array<void*, 3>, 2> parts{};
+  std::array<std::shared_ptr<const void>, 2> owners{};
+  for (auto d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+    if (!(usage & usage_bit(d))) continue;
+    const char* dname = direction_name(d);
+    layouts[d] = q.quantizer->layout(rows, cols, d);
+    const StorageParts p = storage_parts(layouts[d]);
+    QR_CHECK(storages.contains(dname), "from_storage: no '", dname, "' tensor given");
+    const auto t = storages[dname].cast<at::Tensor>();
+    QR_CHECK(t.scalar_type() == at::kByte && t.dim() == 1 && t.numel() == p.total &&
+                 t.is_contiguous() && t.device() == device,
+             "from_storage: the ", dname, " tensor must be a contiguous uint8 tensor of ",
+             p.total, " bytes on ", device.str(), ", got ", c10::toString(t.scalar_type()),
+             " of shape ", t.sizes(), " on ", t.device().str());
+    auto* base = static_cast<std::uint8_t*>(p.total == 0 ? empty_part() : t.data_ptr());
+    QR_CHECK(reinterpret_cast<std::uintptr_t>(base) % 16 == 0, "from_storage: the ", dname,
+             " tensor does not start on a 16-byte boundary; pass a tensor of its own");
+    // Every part the layout has gets its address, even one of zero bytes (no rows).
+    parts[d] = {base + p.data, layouts[d].scale_ndim > 0 ? base + p.scale : nullptr,
+                layouts[d].has_amax ? base + p.amax : nullptr};
+    owners[d] = std::make_shared<at::Tensor>(t);
+  }
+  auto tensor = std::make_shared<QuantizedTensor>(QuantizedTensor::over(
+      q.quantizer->format(), rows, cols, usage, layouts, parts, where, owners));
+  return PyQuantized{tensor, q};
+}
+
 // ---------------------------------------------------------------- grouped quantization
 // Engine::quantize_grouped on a torch tensor (GroupedLinear's single grouped weight): one
 // QuantizedTensor per row group, each byte-identical to quantizer.quantize(rows of that group),
@@ -172,12 +352,33 @@ void bind_quantize(py::module_& m) {
         return layout_dict(q.quantizer->layout(rows, cols, parse_direction(direction)));
       })
       .def("quantize", &quantize, py::arg("tensor"), py::arg("usage"),
-           py::arg("rng_offset") = std::nullopt)
+           py::arg("rng_offset") = std::nullopt, py::arg("amax") = std::nullopt)
+      .def("compute_amax", [](const PyQuantizer& q, const at::Tensor& src) {
+        const TensorView view = to_view(src, "tensor to compute the amax of");
+        void* stream = current_stream(src);
+        py::gil_scoped_release no_gil;
+        return q.quantizer->compute_amax(view, stream);
+      }, py::arg("tensor"),
+           "[rowwise, columnwise] amax of `tensor` as the format scales it (they differ under "
+           "a Hadamard transform), on the host: what quantize(amax=...) takes once reduced.")
       .def("spec_dict", [](const PyQuantizer& q) { return spec_dict(q.quantizer->spec()); },
            "The quantizer's spec as a recipe-rule dictionary (format plus options).")
       .def("from_buffers", &from_buffers, py::arg("rows"), py::arg("cols"), py::arg("usage"),
            py::arg("buffers"), py::arg("device"),
-           "A quantized tensor of this quantizer's layout holding copies of `buffers`.");
+           "A quantized tensor of this quantizer's layout holding copies of `buffers`.")
+      .def("from_tensors", &from_tensors, py::arg("rows"), py::arg("cols"), py::arg("usage"),
+           py::arg("buffers"), py::arg("device"),
+           "A quantized tensor of this quantizer's layout over the memory of `buffers` "
+           "({direction: {'data', 'scale_inv', 'amax': tensor}}), without a copy.")
+      .def("storage_bytes", [](const PyQuantizer& q, std::int64_t rows, std::int64_t cols,
+                               const std::string& direction) {
+        return storage_parts(q.quantizer->layout(rows, cols, parse_direction(direction))).total;
+      }, py::arg("rows"), py::arg("cols"), py::arg("direction"),
+           "Bytes of one direction as QuantizedTensor.storage gives it.")
+      .def("from_storage", &from_storage, py::arg("rows"), py::arg("cols"), py::arg("usage"),
+           py::arg("storages"), py::arg("device"),
+           "A quantized tensor over the uint8 tensors QuantizedTensor.storage gave "
+           "({direction: tensor}), without a copy.");
 
   py::class_<PyQuantized>(m, "QuantizedTensor")
       .def_property_readonly("format", [](const PyQuantized& q) { return q.tensor->format(); })
@@ -201,15 +402,22 @@ void bind_quantize(py::module_& m) {
       .def("amax", [](const PyQuantized& q, const std::string& d) {
         return q.buffer(q.direction(d).amax);
       })
+      .def("storage", &direction_storage, py::arg("direction"),
+           "One direction as ONE uint8 tensor ([scale | amax | data]): an alias of its memory "
+           "when it was quantized on its own, else a packed copy.")
       .def("drop", [](PyQuantized& q, const std::string& d) { q.tensor->drop(parse_direction(d)); })
-      .def("requantize", [](PyQuantized& q, const at::Tensor& src) {
+      .def("requantize", [](PyQuantized& q, const at::Tensor& src,
+                            std::optional<std::array<float, 2>> amax) {
         // In place, into the buffers it holds: every alias of the bytes sees the new values.
         const TensorView view = to_view(src, "tensor to requantize");
         QuantizeOptions options;
         options.stream = current_stream(src);
+        options.amax = amax;
         py::gil_scoped_release no_gil;
         q.quantizer.quantizer->quantize_into(view, *q.tensor, options);
-      }, py::arg("tensor"), "Quantizes `tensor` (same shape) into the directions held now.")
+      }, py::arg("tensor"), py::arg("amax") = std::nullopt,
+      "Quantizes `tensor` (same shape) into the directions held now; `amax` as in "
+      "Quantizer.quantize.")
       .def("dequantize", &dequantize, py::arg("direction"), py::arg("dtype"));
 
   m.def("quantize_grouped", &quantize_grouped, py::arg("quantizer"), py::arg("tensor"),

@@ -21,19 +21,28 @@ and the layers below it, never upwards, and there are no import cycles
                      its engine and scaling state and knows whether its scaling update is
                      pending; check(model), explain(model); quantize() beside it
     autocasting      autocast: the active recipe and the once-per-step scaling update
-    quantized_param  QuantizedWeight and quantized_model_init (parameters stored quantized)
-    checkpointing    checkpoint(): activation checkpointing whose recomputation replays the
-                     forward's recipe
+    quantized_rows   row ranges of quantized tensors (cut, join, zeros, columnwise from
+                     rowwise), read off each format's layouts
+    quantized_shards shards across ranks: packing their bytes for an all-gather, rebuilding
+                     the gathered tensor, the amax all-reduce of their requantization
+    quantized_storage the bytes every alias of a QuantizedWeight shares (pieces, row groups)
+    quantized_param  QuantizedWeight (its torch ops, FSDP2 hooks) and quantized_model_init
+    recomputation    replaying a qrecipe forward when torch.utils.checkpoint (reentrant or
+                     not; Hugging Face's gradient checkpointing) recomputes it in backward
+    checkpointing    checkpoint(): an alias of torch's non-reentrant checkpoint
   nn/              modules Linear, LayerNormLinear (LayerNorm / RMSNorm + Linear), LayerNormMLP
                    (norm -> fc1 -> GELU / SwiGLU / ... -> fc2), GroupedLinear (MoE experts in
                    one grouped parameter), their base QuantizedModule, the GEMM operations
                    (linear_gemms) and their eager / compiled dispatch; imports the ground floor
   optim/           (to come) optimizers over quantized and master weights
-  distributed/     (to come) FSDP2 and tensor-parallel support
+  distributed/     FSDP2: fully_shard with checks and amax groups (fsdp); tensor parallelism
+                   to come
                    optim/ and distributed/ may import nn/ and the ground floor, never the
                    reverse
   top              this __init__ (the public names) and convert (convert(): nn.Linear ->
-                   qrecipe.nn.Linear in place; names every qrecipe module by its path)
+                   qrecipe.nn.Linear in place; names every qrecipe module by its path);
+                   parallel (tensor / sequence parallel plan styles for torch's
+                   parallelize_module; imported explicitly, `import qrecipe.parallel`)
 """
 from ._engine import QrecipeError, RecipeError, _C
 from .autocasting import autocast, current_recipe, is_enabled
@@ -44,6 +53,7 @@ from .recipe import Recipe, RecipeWarning, quantize
 from .roles import QuantizerRole
 from . import formats
 from . import nn
+from . import distributed
 from .scaling_state import drop_scaling_states
 from .quantized_param import QuantizedWeight, quantized_model_init
 
@@ -71,4 +81,5 @@ __all__ = [
     "convert", "quantize", "QuantizedTensor", "Quantizer", "nn", "plugins", "__version__",
     "grouped_kernels_built",
     "drop_scaling_states", "QuantizedWeight", "QuantizedParameter", "quantized_model_init",
+    "distributed",
 ]

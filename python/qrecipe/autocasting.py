@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import List, Optional
+from typing import Callable, List, Optional
+
+import torch
 
 from .recipe import Recipe, RecipeLike, as_recipe
 
@@ -31,6 +33,15 @@ class _State(threading.local):
 
 _state = _State()
 
+# Called (on this thread) when its outermost block exits: per-forward caches that must not
+# outlive the forward register here (nn/input_sharing.py drops its kept input operand).
+_outermost_exit_hooks: List[Callable[[], None]] = []
+
+
+def on_outermost_exit(hook: Callable[[], None]) -> None:
+    """Runs `hook()` each time the outermost autocast block of a thread exits."""
+    _outermost_exit_hooks.append(hook)
+
 
 def current_recipe() -> Optional[Recipe]:
     """The recipe of the innermost enabled autocast block, or None (high precision)."""
@@ -39,6 +50,11 @@ def current_recipe() -> Optional[Recipe]:
 
 def is_enabled() -> bool:
     return current_recipe() is not None
+
+
+def is_active() -> bool:
+    """Whether any autocast block (enabled or not) is open on this thread."""
+    return bool(_state.stack)
 
 
 def update_pending(recipe: Recipe) -> bool:
@@ -56,24 +72,17 @@ class autocast(contextlib.ContextDecorator):
         self.recipe = as_recipe(recipe) if self.enabled else None
 
     def __enter__(self) -> "autocast":
-        if not _state.stack:
+        # Never during a backward: a block entered there (a checkpointed function recomputed
+        # by torch.utils.checkpoint) must not change the scales between a forward and its
+        # backward.
+        if not _state.stack and torch._C._current_graph_task_id() == -1:
             Recipe.run_pending_updates()
         _state.stack.append(self.recipe)
         return self
 
     def __exit__(self, *exc) -> bool:
         _state.stack.pop()
+        if not _state.stack:
+            for hook in _outermost_exit_hooks:
+                hook()
         return False
-
-
-@contextlib.contextmanager
-def replay(recipe: Optional[Recipe]):
-    """Re-enters the autocast state a forward ran under (qrecipe.checkpoint's recomputation):
-    `recipe` (None: high precision) becomes the innermost entry without running any pending
-    scaling update, so a recomputation inside backward never advances the scales between a
-    forward and its backward."""
-    _state.stack.append(recipe)
-    try:
-        yield
-    finally:
-        _state.stack.pop()

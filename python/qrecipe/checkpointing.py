@@ -1,38 +1,20 @@
-"""``qrecipe.checkpoint``: activation checkpointing that recomputes under the autocast state
-of the original forward (DESIGN.md section 8).
+"""``qrecipe.checkpoint``: activation checkpointing, an alias of torch's non-reentrant
+``torch.utils.checkpoint.checkpoint``.
 
-``torch.utils.checkpoint`` recomputes a segment's forward during backward, usually outside
-the ``qrecipe.autocast`` block of the step, so qrecipe modules would recompute in high
-precision and save tensors that do not match the forward that produced the outputs.
-``qrecipe.checkpoint`` records the recipe the segment ran under and replays it during the
-recomputation without advancing delayed scaling. Scales are only updated at the next
-outermost ``autocast`` entry, so the recomputation quantizes with the scales the forward
-used. Its amaxes max-accumulate into the same history row, which changes nothing. The
-recomputed quantized operands are therefore the forward's bytes.
+Every qrecipe module replays its forward when torch's checkpoint (reentrant or not, or Hugging
+Face's ``gradient_checkpointing_enable()``) recomputes it during backward: the same recipe,
+quantizers and scales, so the recomputed operands are the forward's bytes (recomputation.py).
+This alias stays for code written when only it did so.
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable
 
 import torch.utils.checkpoint
 
-from . import autocasting
-
 
 def checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)`` whose
-    recomputation runs under the autocast state (recipe, or disabled) of the forward.
-    Keyword arguments go to ``function``, except ``determinism_check`` and ``debug``, which go
-    to torch."""
-    if "use_reentrant" in kwargs or "context_fn" in kwargs:
-        raise TypeError("qrecipe.checkpoint always uses torch's non-reentrant checkpoint with "
-                        "its own context_fn; drop use_reentrant / context_fn")
-    torch_options = {k: kwargs.pop(k) for k in ("determinism_check", "debug") if k in kwargs}
-    recipe = autocasting.current_recipe()
-
-    def contexts():
-        return contextlib.nullcontext(), autocasting.replay(recipe)
-
-    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False,
-                                             context_fn=contexts, **torch_options, **kwargs)
+    """``torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, **kwargs)``
+    (``use_reentrant=True`` may be passed too; both replay qrecipe's forward)."""
+    kwargs.setdefault("use_reentrant", False)
+    return torch.utils.checkpoint.checkpoint(function, *args, **kwargs)

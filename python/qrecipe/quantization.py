@@ -149,3 +149,23 @@ class QuantizedTensor:
         return (f"QuantizedTensor(format={self.format!r}, shape={tuple(self.shape)}, "
                 f"usage={'+'.join(self.usage)}, options={self.options!r})")
 
+
+
+def spec_has(spec: dict, key: str, value) -> bool:
+    """Whether a quantizer's spec dictionary (``Quantizer.spec_dict()``, nested for a hybrid's
+    halves) sets option `key` to `value` anywhere."""
+    for k, v in spec.items():
+        if isinstance(v, dict) and spec_has(v, key, value):
+            return True
+        if k == key and v == value:
+            return True
+    return False
+
+
+def is_stateless(quantizer) -> bool:
+    """Whether quantizing a tensor with `quantizer` (a ``_C.Quantizer``) depends on the tensor
+    alone: no delayed-scaling state, no stochastic-rounding call counter. Two stateless
+    quantizers of the same spec give the same bytes for the same tensor."""
+    spec = quantizer.spec_dict()
+    return not (spec_has(spec, "scaling", "delayed") or
+                spec_has(spec, "stochastic_rounding", True))

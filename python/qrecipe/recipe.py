@@ -101,6 +101,10 @@ class Recipe:
         # Counts the changes of the delayed scales (updates, loads): a weight quantized and
         # kept under one value is stale under the next (nn/weight_cache.py).
         self.scaling_generation = 0
+        # Where the delayed-scaling amaxes are max-reduced before each update: "world" (the
+        # default process group when torch.distributed runs with several ranks), a process
+        # group, or None (each process on its own). See amax_reduction_group.
+        self._amax_group: Any = "world"
 
     # ---------------------------------------------------------------- construction
     @classmethod
@@ -277,13 +281,40 @@ class Recipe:
         q = self.engine.resolve(module_type, tensor_type, name)
         return None if q is None else Quantizer(q)
 
+    @property
+    def amax_reduction_group(self):
+        """The process group whose ranks share this recipe's delayed scales: before each
+        scaling update the step's amaxes of ALL its states are max-reduced over it in one
+        collective, so every rank (data parallel: FSDP2, DDP) keeps the same histories and
+        scales. Default: the whole world when torch.distributed is initialized with more
+        than one rank, else none; set a group, or None to keep each process on its own.
+        Every rank of the group must run the update at the same point (it does: at its next
+        outermost autocast entry after a step) with the same states (the same model)."""
+        if self._amax_group != "world":
+            return self._amax_group
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return dist.group.WORLD
+        return None
+
+    @amax_reduction_group.setter
+    def amax_reduction_group(self, group) -> None:
+        self._amax_group = group
+
     def update_scaling(self) -> None:
         """Delayed scaling: fold this step's amaxes into the histories and recompute the
-        scales. ``qrecipe.autocast`` calls it once per step; call it yourself only when you
-        run modules without autocast blocks marking the steps."""
-        if self._engine is not None:
+        scales, the amaxes first max-reduced over ``amax_reduction_group``.
+        ``qrecipe.autocast`` calls it once per step; call it yourself only when you run
+        modules without autocast blocks marking the steps."""
+        if self._engine is None:
+            return
+        group = self.amax_reduction_group
+        amaxes = self._engine.current_amaxes() if group is not None else []
+        if not amaxes:
             self._engine.update_scaling()
-            self.scaling_generation += 1
+        else:
+            self._engine.update_scaling_with(_max_reduced(amaxes, group))
+        self.scaling_generation += 1
 
     # ---------------------------------------------------------------- update timing
     def note_step_activity(self) -> None:
@@ -340,6 +371,17 @@ class Recipe:
 
     def __repr__(self) -> str:
         return f"Recipe(name={self.name!r}, source={self.source!r})"
+
+
+def _max_reduced(values: List[float], group) -> List[float]:
+    """`values` max-reduced over the ranks of `group` in one collective (on the current CUDA
+    device under NCCL)."""
+    import torch.distributed as dist
+    work = torch.tensor(values, dtype=torch.float32)
+    if dist.get_backend(group) == "nccl":
+        work = work.to(torch.device("cuda", torch.cuda.current_device()))
+    dist.all_reduce(work, op=dist.ReduceOp.MAX, group=group)
+    return work.cpu().tolist()
 
 
 def as_recipe(recipe: RecipeLike) -> Recipe:

@@ -62,6 +62,7 @@
 #include <memory>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -426,6 +427,29 @@ bool quick() {
   return v && std::string(v) == "1";
 }
 
+// QRECIPE_GPU_GEMM_SHARD="i/n": this process sweeps the pairs j with j % n == i, and runs the
+// other test cases only when i == 0. ctest registers n entries so `ctest -j` runs them in
+// parallel: the sweep is bound by the CPU reference (one process took 324 s on an H100 host).
+// Unset: everything in one process.
+struct Shard {
+  int index = 0, count = 1;
+  bool owns(std::size_t pair) const { return static_cast<int>(pair % static_cast<std::size_t>(count)) == index; }
+  bool first() const { return index == 0; }
+};
+
+Shard shard() {
+  const char* v = std::getenv("QRECIPE_GPU_GEMM_SHARD");
+  if (!v || !*v) return {};
+  Shard s;
+  char slash = 0;
+  std::istringstream in(v);
+  if (!(in >> s.index >> slash >> s.count) || slash != '/' || s.count < 1 || s.index < 0 || s.index >= s.count ||
+      !in.eof())
+    throw std::invalid_argument("QRECIPE_GPU_GEMM_SHARD='" + std::string(v) +
+                                "': expected 'i/n' with 0 <= i < n (e.g. 0/4), or unset for every pair");
+  return s;
+}
+
 bool skip_without_cuda() {
   if (qrecipe::cuda_available()) return false;
   MESSAGE("not supported: " << qrecipe::cuda_status());
@@ -444,7 +468,10 @@ TEST_CASE("GPU GEMMs equal the CPU reference on the same quantized operands") {
     return;
   MESSAGE(qrecipe::cuda_status());
   int reported = 0;
-  for (const Pair& pair : kPairs) {
+  const Shard my_shard = shard();
+  for (std::size_t pair_index = 0; pair_index < std::size(kPairs); ++pair_index) {
+    if (!my_shard.owns(pair_index)) continue;
+    const Pair& pair = kPairs[pair_index];
     const bool formats_loaded = (!pair.a_spec || registry()->find(format_of(pair.a_spec))) &&
                                 (!pair.b_spec || registry()->find(format_of(pair.b_spec)));
     if (!formats_loaded) {
@@ -553,7 +580,7 @@ std::vector<float> truncated_product(const Operand& a, bool a_truncated, const O
 
 TEST_CASE("GPU emulated GEMMs recompute exactly when BF16 cannot hold the decoded values") {
   // The self-test runs only the host part: that each case can fail.
-  if (!selftest() && skip_without_cuda()) return;
+  if (!shard().first() || (!selftest() && skip_without_cuda())) return;
   struct Case {
     const char* label;
     const char* a_spec;  // nullptr: dense BF16
@@ -661,7 +688,7 @@ TEST_CASE("GPU emulated GEMMs recompute exactly when BF16 cannot hold the decode
 }
 
 TEST_CASE("GPU GEMM edge cases: K = 0 (epilogue only) and empty outputs") {
-  if (skip_without_cuda()) return;
+  if (!shard().first() || skip_without_cuda()) return;
   // Dense BF16 operands [3, 0] x [2, 0]: out = alpha * 0 + out + bias.
   Tensor a(DType::bf16, {3, 0}, Device::cuda(0), qrecipe::cuda_allocator());
   Tensor b(DType::bf16, {2, 0}, Device::cuda(0), qrecipe::cuda_allocator());
@@ -702,7 +729,7 @@ TEST_CASE("GPU GEMM edge cases: K = 0 (epilogue only) and empty outputs") {
 }
 
 TEST_CASE("GPU GEMM errors: mixed devices and a host bias never fall back to the CPU") {
-  if (skip_without_cuda()) return;
+  if (!shard().first() || skip_without_cuda()) return;
   Tensor a(DType::bf16, {16, 16}, Device::cuda(0), qrecipe::cuda_allocator());
   Tensor b_host(DType::bf16, {16, 16});
   Tensor out(DType::f32, {16, 16}, Device::cuda(0), qrecipe::cuda_allocator());

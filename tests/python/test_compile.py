@@ -86,7 +86,8 @@ def test_graph_holds_the_qrecipe_operator():
     with qrecipe.autocast(recipe):
         compiled(x)
     targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
-    assert targets == ["qrecipe.linear_forward"]
+    # The operator, then taking y out of its (y, saved tensors) result.
+    assert [t for t in targets if "getitem" not in t] == ["qrecipe.linear_forward"]
     # Outside autocast the same compiled module is F.linear (dynamo guards on the recipe).
     assert torch.equal(compiled(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
 
@@ -130,15 +131,20 @@ def test_unresolved_roles_and_eager_only_features_fall_back_with_graph_breaks():
     assert torch.equal(y.detach(), eager[0])
 
 
-def test_operators_pass_opcheck():
-    recipe = qrecipe.Recipe.default()
+@pytest.mark.parametrize("recipe_name", ["default", "mxfp8", "hybrid_fp8_mx"])
+def test_operators_pass_opcheck(recipe_name):
+    recipe = qrecipe.Recipe.builtin(recipe_name)
     layer, x, dy = layer_and_data()
     handle = id(layer.roles(recipe))
     x = x.reshape(-1, 32)
     torch.library.opcheck(torch.ops.qrecipe.linear_forward.default,
-                          (x.clone().requires_grad_(), layer.weight, layer.bias, handle))
+                          (x.clone().requires_grad_(), layer.weight, layer.bias, handle, True,
+                           True))
+    _, saved = torch.ops.qrecipe.linear_forward(x, layer.weight, layer.bias, handle, True, True)
+    assert [t.dtype for t in saved] == [torch.uint8, torch.uint8]  # x and W, quantized
     torch.library.opcheck(torch.ops.qrecipe.linear_backward.default,
-                          (dy.reshape(-1, 16), x, layer.weight.detach(), handle, True, True))
+                          (dy.reshape(-1, 16), saved, None, None, handle, [16, 32],
+                           torch.float32, torch.float32, True, True))
 
 
 @pytest.mark.parametrize("recipe_name", ["default", "mxfp8"])

@@ -5,11 +5,14 @@ across micro-batches in both layouts (per expert, stale when the grouped weight 
 single parameter quantized by one grouped engine call (``_C.quantize_grouped``: float8, mxfp8,
 blockwise and nvfp4 through their plugins' grouped extra, hybrid through the engine's per-group
 loop) with each expert's bytes equal to quantizing it alone."""
+import gc
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import qrecipe
+from test_offload import Recording  # saved-tensor hooks that copy and note what they see
 from test_recipes import DTYPE, TOLERANCE, rel  # one tolerance table for every module
 
 NONE = qrecipe.Recipe.builtin("none")
@@ -632,11 +635,14 @@ def test_backward_keeps_only_the_columnwise_copies_and_frees_them():
         gc.collect()
         before = _C.live_allocations()
         y = module(x, SPLITS)
-        saved = y.grad_fn.saved_q  # every expert's input operand, then every weight operand
-        assert len(saved) == 6
-        for op in saved:
-            assert op.has("columnwise") and not op.has("rowwise")
-        del saved, op
+        # (how to rebuild, tensor count) of each saved operand: every expert's x,
+        # then every expert's W.
+        packed = [p for p, _ in y.grad_fn.packed]
+        assert len(packed) == 2 * 3
+        for p in packed:
+            assert p.usage == qrecipe.quantization.COLUMNWISE
+            assert {d for d, _ in p.parts} == {"columnwise"}
+        del packed, p
         y.backward(torch.randn_like(y))
         del y
         gc.collect()
@@ -780,6 +786,61 @@ def test_tensor_splits_fall_back_to_the_list_path_where_the_split_path_cannot_se
     want = run_grouped(frozen2, x, dy, SPLITS, recipe)
     for i, (g, w) in enumerate(zip(got, want)):
         assert (g is None and w is None) or torch.equal(g, w), i
+
+
+def _step_with_hooks(splits, hooks):
+    """One forward (under `hooks`) and backward of a bias-free module: the gradients, and
+    what the autograd node kept (its split operand's type and directions, the packed
+    layout); everything it kept is freed by backward."""
+    from qrecipe import _C
+    recipe = qrecipe.Recipe.builtin("default")
+    torch.manual_seed(5)
+    module = grouped(bias=False)
+    x = torch.randn(sum(SPLITS), IN, requires_grad=True)
+    dy = torch.randn(sum(SPLITS), OUT)
+    gc.collect()
+    before = _C.live_allocations()
+    with qrecipe.autocast(recipe), hooks:
+        y = module(x, splits)
+    node = y.grad_fn
+    split_x = node.split_x  # described, not kept: backward must free it
+    kept = (None if split_x is None else (type(split_x), split_x.has("columnwise"),
+                                           split_x.has("rowwise")),
+            [p for p, _ in node.packed])
+    del split_x
+    y.backward(dy)
+    assert node.split_x is None  # backward lets go of the split operand
+    del node, y
+    gc.collect()
+    assert _C.live_allocations() == before
+    return [x.grad, module.weight.grad], kept
+
+
+def test_tensor_splits_keep_the_split_input_outside_the_saved_tensor_hooks():
+    """Tensor splits: the inputs' split operand (one _C.QuantizedGroups of all experts) has no
+    plain-tensor form saved_operands.pack_all could give the hooks, so the node keeps it on
+    ctx (docs/adapter.md, "CPU offload"): save_on_cpu moves the experts' weight operands but
+    not that one, which stays where it was made. The results are those of the list path
+    with every operand offloaded, bit for bit."""
+    from qrecipe import _C
+    listed = Recording()
+    want, (split_x, listed_packed) = _step_with_hooks(SPLITS, listed)
+    assert split_x is None and len(listed_packed) == 2 * 3  # x and W of each expert
+    split = Recording()
+    got, (split_x, packed) = _step_with_hooks(torch.tensor(SPLITS), split)
+    # One QuantizedGroups holding the columnwise copy only (what wgrad reads).
+    assert split_x == (_C.QuantizedGroups, True, False)
+    assert len(packed) == 1 + 3  # no x operand (on ctx), then each expert's W
+    assert not packed[0].parts and all(p.parts for p in packed[1:])
+    # The hooks saw only the weight operands' tensors: the list path's, less its x parts.
+    x_parts = sum(len(p.parts) for p in listed_packed[:3])
+    assert len(split.packed) == len(listed.packed) - x_parts
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    offloaded, _ = _step_with_hooks(torch.tensor(SPLITS),
+                                    torch.autograd.graph.save_on_cpu(pin_memory=False))
+    for a, b in zip(offloaded, want):
+        assert torch.equal(a, b)
 
 
 def test_gemm_grouped_binding_equals_gemm_per_item_and_names_what_is_wrong():

@@ -28,8 +28,9 @@ PACKAGE_DIR = REPO / "python" / "qrecipe"
 GROUND_FLOOR = {"qrecipe._engine", "qrecipe.quantization", "qrecipe.scaling_state",
                 "qrecipe.roles", "qrecipe.formats", "qrecipe.factories",
                 "qrecipe.recipe", "qrecipe.autocasting", "qrecipe.quantized_param",
-                "qrecipe.checkpointing"}
-TOP = {"qrecipe", "qrecipe.convert"}
+                "qrecipe.quantized_rows", "qrecipe.quantized_shards", "qrecipe.quantized_storage",
+                "qrecipe.checkpointing", "qrecipe.recomputation"}
+TOP = {"qrecipe", "qrecipe.convert", "qrecipe.parallel"}
 SUBPACKAGES = ("nn", "optim", "distributed")
 EXTENSIONS = {"qrecipe._C"}  # compiled, imports nothing of the package
 # What each layer may import.

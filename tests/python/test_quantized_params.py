@@ -181,17 +181,13 @@ def test_deepcopy_and_pickle():
     buffer = io.BytesIO()
     torch.save(layer, buffer)
     buffer.seek(0)
-    # A QuantizedWeight is rebuilt by qrecipe code: not loadable with weights_only=True
-    # unless qrecipe.quantized_param._rebuild is allow-listed (torch.serialization).
     check_copy(layer, torch.load(buffer, weights_only=False))
+    # A state dict holding QuantizedWeights loads with weights_only=True (torch's default) as
+    # it is: import qrecipe allow-lists the one rebuild function.
     buffer = io.BytesIO()
     torch.save(layer.state_dict(), buffer)
     buffer.seek(0)
-    with pytest.raises(pickle.UnpicklingError):
-        torch.load(buffer, weights_only=True)
-    buffer.seek(0)
-    with torch.serialization.safe_globals([qrecipe.quantized_param._rebuild]):
-        state = torch.load(buffer, weights_only=True)
+    state = torch.load(buffer, weights_only=True)
     assert same_bytes(state["weight"], layer.weight)
     w = pickle.loads(pickle.dumps(layer.weight.detach()))
     assert type(w) is qrecipe.QuantizedWeight and not isinstance(w, torch.nn.Parameter)
@@ -369,8 +365,15 @@ def test_quantized_grouped_module_state_dict_copies_and_training_errors():
     module.weight.grad = torch.ones(96, 64)
     with pytest.raises(RuntimeError, match="Keep FP32 master weights"):
         torch.optim.SGD([module.weight], lr=0.1).step()
-    with pytest.raises(RuntimeError, match="in place"):
-        module.reset_parameters()
+    # reset_parameters() re-initialises the quantized weight: the values a plain module draws
+    # from the same seed, each expert quantized on its own.
+    torch.manual_seed(5)
+    module.reset_parameters()
+    torch.manual_seed(5)
+    plain.reset_parameters()
+    redrawn = qrecipe.QuantizedWeight.from_tensor(
+        plain.weight.detach(), module.weight._qstorage.quantizer, groups=3)
+    assert all(same_bytes(module.weight.group(i), redrawn.group(i)) for i in range(3))
     # A weight of the wrong number of groups is refused with what to do.
     module.weight = torch.nn.Parameter(qrecipe.QuantizedWeight.from_tensor(
         plain.weight, DEFAULT.quantizer("grouped_linear", "weight", "moe")))

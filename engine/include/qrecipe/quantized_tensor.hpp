@@ -74,12 +74,41 @@ class QuantizedTensor {
     return out;
   }
 
+  // A tensor over memory it does not allocate (the adapter's torch tensors, e.g. a saved
+  // operand coming back from CPU offload): parts[d] = {data, scale_inv, amax} pointers of
+  // direction d (nullptr where the layout has no such part), on `device`. `owners[d]` keeps
+  // direction d's memory alive while the tensor holds it (dropped with the direction). The
+  // caller has checked that each part has the layout's size.
+  static QuantizedTensor over(const std::string& format, std::int64_t rows, std::int64_t cols,
+                              std::uint32_t usage,
+                              const std::array<qr_direction_layout, 2>& layouts,
+                              const std::array<std::array<void*, 3>, 2>& parts, Device device,
+                              std::array<std::shared_ptr<const void>, 2> owners) {
+    QuantizedTensor t(format, rows, cols, usage, layouts);
+    const qr_device where = TensorView(nullptr, DType::f32, {0}, device).c().device;
+    for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+      if (!t.has(d)) continue;
+      qr_direction_data& dd = t.direction_data(d);
+      qr_tensor_view* views[3] = {&dd.data, &dd.scale_inv, &dd.amax};
+      for (int k = 0; k < 3; ++k) {
+        if (views[k]->ndim == 0) continue;
+        QR_CHECK(parts[d][k] != nullptr, "QuantizedTensor::over: ", direction_name(d),
+                 " part ", k, " of format '", format, "' has no memory");
+        views[k]->data = parts[d][k];
+        views[k]->device = where;
+      }
+      t.external_[d] = std::move(owners[d]);
+    }
+    return t;
+  }
+
   QuantizedTensor(QuantizedTensor&& o) noexcept { *this = std::move(o); }
   QuantizedTensor& operator=(QuantizedTensor&& o) noexcept {
     if (this == &o) return *this;
     format_ = std::move(o.format_);
     formats_ = std::move(o.formats_);
     storage_ = std::move(o.storage_);
+    external_ = std::move(o.external_);
     c_ = o.c_;
     c_.format = format_.c_str();
     for (int d = 0; d < 2; ++d)
@@ -127,6 +156,7 @@ class QuantizedTensor {
     dd.struct_size = sizeof(qr_direction_data);
     dd.data.struct_size = dd.scale_inv.struct_size = dd.amax.struct_size = sizeof(qr_tensor_view);
     storage_[d].reset();
+    external_[d].reset();
     formats_[d].clear();
     c_.usage &= ~usage_bit(d);
   }
@@ -258,6 +288,8 @@ class QuantizedTensor {
   std::array<std::string, 2> formats_;
   // Per direction: the allocation its parts live in (shared by the groups of allocate_groups).
   std::array<std::shared_ptr<Buffer>, 2> storage_;
+  // Per direction: what keeps memory given to over() alive (nullptr for allocated tensors).
+  std::array<std::shared_ptr<const void>, 2> external_;
   qr_quantized_tensor c_{};
 };
 

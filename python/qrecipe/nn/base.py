@@ -22,14 +22,18 @@ import torch
 import torch.nn.functional as F
 
 from .. import autocasting as _autocast
+from .. import recomputation as _recompute
 from .._engine import _C
 from ..quantization import SUPPORTED_DTYPES
+from ..quantized_param import QuantizedWeight
 from ..recipe import Recipe, as_recipe
+from .input_sharing import share_key
 from .linear_function import quantized_linear
 from .linear_gemms import LinearRoles
 from .module_state import ScalingStateMixin
 
 _ROLE_TYPES = ("input", "weight", "grad_output")
+_RESOLVE = object()  # _linear's default: resolve the recipe of the call itself
 _GEMM_KINDS = ("fprop", "dgrad", "wgrad")
 
 
@@ -46,14 +50,40 @@ def register_linear_parameters(module: torch.nn.Module, weight_name: str, bias_n
 
 def init_linear_parameters(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
     """torch.nn.Linear's initialisation of a [out, in] weight (Kaiming-uniform) and its bias
-    (uniform in +-1/sqrt(in)), drawing from torch's RNG in the same order."""
+    (uniform in +-1/sqrt(in)), drawing from torch's RNG in the same order. A weight stored
+    quantized (a QuantizedWeight, or an FSDP2 shard of one: a DTensor over it) gets the values
+    drawn into a plain tensor of its kind, then quantized into it (``copy_``; a shard of a
+    per-tensor-scaled format with the amax all-reduced across its ranks): the meta-device
+    init path (``to_empty`` + ``reset_parameters``)."""
     if weight.is_meta:
         return
-    torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+    if isinstance(getattr(weight, "_local_tensor", weight), QuantizedWeight):
+        values = plain_like(weight)
+        torch.nn.init.kaiming_uniform_(values, a=math.sqrt(5))
+        with torch.no_grad():
+            weight.copy_(values)
+    else:
+        torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
     if bias is not None:
         fan_in = weight.shape[1]
         bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
         torch.nn.init.uniform_(bias, -bound, bound)
+
+
+def _is_dtensor(t) -> bool:
+    dtensor = getattr(getattr(torch.distributed, "tensor", None), "DTensor", None)
+    return dtensor is not None and isinstance(t, dtensor)
+def plain_like(weight: torch.Tensor) -> torch.Tensor:
+    """An uninitialised high-precision tensor of `weight`'s shape, dtype and device; for a
+    DTensor, a DTensor of the same mesh and placements (so random init draws its values as
+    for a plain sharded parameter)."""
+    local = getattr(weight, "_local_tensor", None)
+    if local is None:
+        return torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
+    from torch.distributed.tensor import DTensor
+    return DTensor.from_local(torch.empty(local.shape, dtype=weight.dtype, device=local.device),
+                              weight.device_mesh, weight.placements, run_check=False,
+                              shape=weight.shape, stride=weight.stride())
 
 
 class QuantizedModule(ScalingStateMixin, torch.nn.Module):
@@ -126,6 +156,8 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
                             grad_output=plan.pop("grad_output"),
                             plan={**plan, "name": name, "out_features": out_features,
                                   "native_on_gpu": native_on_gpu})
+        # Linears reading the same input under this stateless spec share its quantization.
+        roles.plan["input_share"] = share_key(roles.input)
         per_recipe[gemm] = roles
         return roles
 
@@ -189,26 +221,69 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
                 gemm: str = "", is_first_microbatch: Optional[bool] = None,
                 fuse_wgrad_accumulation: bool = False,
                 weight_group: Optional[Tuple[torch.Tensor, int]] = None,
-                weight_operand=None) -> torch.Tensor:
+                weight_operand=None, recipe=_RESOLVE) -> torch.Tensor:
         """``y = x W^T + b`` for GEMM `gemm` under the active recipe: torch's F.linear when
         nothing is quantized, else the quantized GEMMs of ``quantized_linear`` (with its
         weight caching across micro-batches and FP32 main_grad accumulation).
         `weight_group`: ``(parameter, index)`` when `weight` is rows of a grouped parameter
         (the weight cache keeps its entry there). `weight_operand`: `weight` already quantized
-        by the caller for this call (GroupedLinear's grouped quantization), used as is."""
-        recipe = _autocast.current_recipe()
-        if recipe is None:
-            return F.linear(x, weight, bias)
+        by the caller for this call (GroupedLinear's grouped quantization), used as is.
+        `recipe`: the recipe the caller already resolved for this call with
+        :meth:`_gemm_recipe` (None: high precision); by default this call resolves it."""
         in_features = weight.shape[1]
         tokens = x.numel() // in_features if in_features else 0
+        if recipe is _RESOLVE:
+            recipe = self._gemm_recipe(gemm, tokens)
+        if recipe is None:
+            return F.linear(x, weight, bias)
         roles = self.roles(recipe, tokens, gemm)
         if roles.all_none:
             return F.linear(x, weight, bias)
+        if _is_dtensor(x) or _is_dtensor(weight):
+            if self.MODULE_TYPE != "linear":
+                raise NotImplementedError(
+                    f"{self._who()}: its input or weight is a DTensor; tensor / sequence "
+                    "parallelism runs qrecipe.nn.Linear only (qrecipe.parallel's plan "
+                    f"styles), not {type(self).__name__}. Keep this module out of the "
+                    "parallelized part of the model, or build the block from Linears")
+            from . import tensor_parallel  # torch.distributed.tensor only when used
+            recipe.note_step_activity()
+            return tensor_parallel.linear(self, x, weight, bias, roles, who=self._who(),
+                                          is_first_microbatch=is_first_microbatch,
+                                          fuse_wgrad_accumulation=fuse_wgrad_accumulation,
+                                          weight_operand=weight_operand)
         recipe.note_step_activity()
         return quantized_linear(x, weight, bias, roles, is_first_microbatch=is_first_microbatch,
                                 fuse_wgrad_accumulation=fuse_wgrad_accumulation,
                                 who=self._who(), weight_group=weight_group,
-                                weight_operand=weight_operand)
+                                weight_operand=weight_operand,
+                                scaling_generation=self._scaling_generation(recipe))
+
+    @staticmethod
+    def _scaling_generation(recipe: Recipe) -> int:
+        """The recipe's count of delayed-scale changes, for the weight cache; not read while
+        torch.compile traces (the compiled path has no weight cache, and a guard on a value
+        that advances every step would recompile every step)."""
+        if torch.compiler.is_compiling():
+            return 0
+        return recipe.scaling_generation
+
+    def _gemm_recipe(self, gemm: str = "", tokens: int = 1) -> Optional[Recipe]:
+        """The recipe GEMM `gemm` runs under now (None: high precision): the active autocast
+        recipe, recorded when the call runs inside a checkpointed segment, or the recorded one
+        when torch.utils.checkpoint recomputes the segment during backward
+        (recomputation.py). Every GEMM of a module asks here once per call."""
+        if torch.compiler.is_compiling():
+            return _autocast.current_recipe()  # dynamo guards on the autocast state
+        return _recompute.gemm_recipe(self, gemm, self._who(),
+                                      lambda recipe: self.roles(recipe, tokens, gemm))
+
+    def _peek_recipe(self, gemm: str = "") -> Optional[Recipe]:
+        """What :meth:`_gemm_recipe` would return for the module's next GEMM, without
+        recording or replaying (the input checks run before the GEMM)."""
+        if torch.compiler.is_compiling():
+            return _autocast.current_recipe()
+        return _recompute.peek_recipe(self, gemm)
 
     def _who(self) -> str:
         kind = f"qrecipe.nn.{type(self).__name__}"
@@ -224,7 +299,7 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
         if x.dim() == 0 or x.shape[-1] != in_features:
             raise ValueError(f"{who}: input of shape {tuple(x.shape)} does not end in "
                              f"{what}={in_features}")
-        if _autocast.current_recipe() is None:
+        if self._peek_recipe() is None:
             return
         if x.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"{who}: input dtype {x.dtype} is not supported under "

@@ -46,12 +46,12 @@ tensor is read by the engine on the CPU: the same numbers as a list.
 """
 from __future__ import annotations
 
+import math
 import operator
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .. import autocasting as _autocast
 from .._engine import _C
 from ..quantization import COLUMNWISE, ROWWISE
 from ..recipe import as_recipe
@@ -135,8 +135,17 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
 
     def reset_parameters(self) -> None:
         """Each expert as torch.nn.Linear (Kaiming-uniform weight, then uniform bias), expert
-        0 first, so both storage layouts draw the same values from the same seed."""
+        0 first, so both storage layouts draw the same values from the same seed. A single
+        grouped weight sharded by FSDP2 (a DTensor: meta-device init) is drawn in one call
+        (the experts share their fan-in, so the bounds are the same), then each bias."""
         with torch.no_grad():
+            if self.single_grouped_parameter and hasattr(self.weight, "_local_tensor"):
+                init_linear_parameters(self.weight, None)
+                fan_in = self.in_features
+                bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+                if self.use_bias:
+                    torch.nn.init.uniform_(self.bias, -bound, bound)
+                return
             for w, b in zip(self.expert_weights(), self.expert_biases()):
                 init_linear_parameters(w, b)
 
@@ -233,11 +242,12 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
             plans[key] = plan
         return plans[key]
 
-    def _attach_main_grad_views(self, weights: List[torch.Tensor]) -> None:
+    def _attach_main_grad_views(self, weights: List[torch.Tensor], recipe) -> None:
         """Single-parameter layout with fuse_wgrad_accumulation: each expert's view gets the
         matching rows of ``weight.main_grad`` as its own main_grad, so its wgrad GEMM
-        accumulates straight into the one FP32 buffer."""
-        if _autocast.current_recipe() is None or not torch.is_grad_enabled() or \
+        accumulates straight into the one FP32 buffer (`recipe`: the one the call runs
+        under, None outside autocast)."""
+        if recipe is None or not torch.is_grad_enabled() or \
                 not self.weight.requires_grad:
             return  # plain F.linear: autograd fills weight.grad as usual
         main_grad = getattr(self.weight, "main_grad", None)
@@ -262,12 +272,13 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
         weights = self.expert_weights()
         self._check_input(x, self.in_features, tuple(weights))
         splits = self._check_splits(m_splits, x)
+        tokens = x.numel() // self.in_features if self.in_features else 0
+        # One recipe for all experts (recorded / replayed once under activation checkpointing).
+        recipe = self._gemm_recipe("", tokens)
         if self.fuse_wgrad_accumulation and self.single_grouped_parameter:
-            self._attach_main_grad_views(weights)
-        recipe = _autocast.current_recipe()
+            self._attach_main_grad_views(weights, recipe)
         roles = None
         if recipe is not None and not torch.compiler.is_compiling():
-            tokens = x.numel() // self.in_features if self.in_features else 0
             roles = self.roles(recipe, tokens)
         if roles is None or roles.all_none:
             # Outside autocast, nothing quantized (F.linear per expert), or while
@@ -276,7 +287,8 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
             xs = x.reshape(-1, self.in_features).split(sizes, dim=0)
             outs = [self._linear(xi, wi, bi, "", is_first_microbatch,
                                  self.fuse_wgrad_accumulation,
-                                 (self.weight, i) if self.single_grouped_parameter else None)
+                                 (self.weight, i) if self.single_grouped_parameter else None,
+                                 recipe=recipe)
                     for i, (xi, wi, bi) in enumerate(zip(xs, weights, self.expert_biases()))]
             return torch.cat(outs, dim=0).reshape(*x.shape[:-1], self.out_features)
         recipe.note_step_activity()
@@ -314,7 +326,8 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
         if weight_ops is None:
             who = self._who()
             weight_ops = [weight_operand_of(w, roles, need_dgrad, is_first_microbatch, who,
-                                            (self.weight, i) if grouped else None)
+                                            (self.weight, i) if grouped else None,
+                                            self._scaling_generation(recipe))
                           for i, w in enumerate(weights)]
         fuse = self.fuse_wgrad_accumulation
         call = GroupedCall(splits=splits, roles=roles, weight_ops=weight_ops,

@@ -36,9 +36,11 @@ import torch
 
 from .._engine import _C
 from ..quantization import COLUMNWISE, ROWWISE
+from ..quantized_param import QuantizedWeight
 from .linear_gemms import (LinearRoles, backward_usage, dense, engine_bias, gemm_destination,
                            gemm_output, gemm_result, keep_columnwise, linear_backward,
-                           main_grad_of, operand, overlap_backward)
+                           main_grad_of, operand, overlap_backward, stored_dgrad_operand)
+from .saved_operands import pack_all, unpack_all
 
 
 def _quantize_rows(quantizer, tensor: torch.Tensor, group_rows: List[int], usage: int):
@@ -232,27 +234,48 @@ class GroupedLinearFunction(torch.autograd.Function):
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.w_dtypes = [w.dtype for w in weights]
         ctx.bias_dtypes = [b.dtype for b in biases]
-        # Quantized operands are engine objects kept on ctx; dense ones (format none) are
-        # tensors saved through save_for_backward so in-place changes are detected.
-        quantized = (_C.QuantizedTensor, _C.QuantizedGroups)
+        # As LinearFunction: every operand of this call through save_for_backward as plain
+        # tensors (saved_operands.py), so saved-tensor hooks see them; weight operands that
+        # belong to the weight (cached across micro-batches, stored quantized) stay on ctx. A
+        # grouped quantization made for this call alone (trim_weight_ops) is this call's.
+        weights_own = [op is not None and not call.trim_weight_ops for op in call.weight_ops]
+        ctx.given_w = [w if weights_own[i] else None for i, w in enumerate(saved_w)]
         xs = saved_x if isinstance(saved_x, list) else [saved_x]
-        ctx.x_split = not isinstance(saved_x, list)
-        ctx.saved_q = [o if isinstance(o, quantized) else None for o in xs + saved_w]
-        ctx.save_for_backward(*(o if isinstance(o, torch.Tensor) else None for o in xs + saved_w))
+        # Tensor splits: the inputs' split operand (_C.QuantizedGroups) cannot go through
+        # pack_all (no binding hands out its buffers or rebuilds one over the tensors a hook
+        # returns; on a GPU only the device knows its groups' sizes), so it stays on ctx:
+        # saved-tensor hooks do not see it and save_on_cpu leaves its bytes on the device
+        # (docs/adapter.md, "CPU offload"; test_grouped_linear.py shows it). The results are
+        # the same, only that operand is not offloaded. Format none saves x as a tensor,
+        # which is packed.
+        ctx.split_x = xs[0] if isinstance(xs[0], _C.QuantizedGroups) else None
+        if ctx.split_x is not None:
+            xs = [None]
+        ctx.x_count = len(xs)
+        tensors, ctx.packed = pack_all(
+            xs + [None if weights_own[i] else w for i, w in enumerate(saved_w)])
+        ctx.save_for_backward(*tensors)
+        # QuantizedWeight experts: dgrad reads their bytes when backward runs (FSDP2 may have
+        # gathered them again into new memory by then), as LinearFunction does.
+        ctx.stored_weights = [w if isinstance(w, QuantizedWeight) else None for w in weights]
         return y.reshape(*x.shape[:-1], y.shape[1])
 
     @staticmethod
     def backward(ctx, dy):
         call: GroupedCall = ctx.call
         n = len(call.weight_ops)
-        saved = [q if q is not None else t for q, t in zip(ctx.saved_q, ctx.saved_tensors)]
-        nx = 1 if ctx.x_split else n
-        saved_x, saved_w = saved[:nx], saved[nx:]
+        ops = unpack_all(ctx.saved_tensors, ctx.packed)  # the x operands, then each W operand
+        saved_x = [ctx.split_x] if ctx.split_x is not None else ops[:ctx.x_count]
+        saved_w = [given if given is not None else op
+                   for given, op in zip(ctx.given_w, ops[ctx.x_count:])]
         out_features = call.roles.plan["out_features"]
         in_features = ctx.x_shape[-1]
         dy2 = dy.reshape(-1, out_features).contiguous()
         need_dgrad = call.need_dgrad and ctx.needs_input_grad[0]
         need_wgrad = [call.need_wgrad[i] and ctx.needs_input_grad[2 + i] for i in range(n)]
+        if need_dgrad:
+            saved_w = [stored_dgrad_operand(w, "qrecipe.nn.GroupedLinear") if w is not None
+                       else op for w, op in zip(ctx.stored_weights, saved_w)]
         main_grads = [call.main_grad_weights[i] if need_wgrad[i] else None for i in range(n)]
         if call.split_on_device:
             dx, dws = _split_backward(dy2, saved_x[0], saved_w, call, need_dgrad, need_wgrad,
@@ -261,7 +284,9 @@ class GroupedLinearFunction(torch.autograd.Function):
         else:
             dx, dws, dbs = _list_backward(dy2, saved_x, saved_w, call, need_dgrad, need_wgrad,
                                           main_grads, ctx, in_features, out_features)
-        ctx.saved_q = None
+        ctx.given_w = None
+        ctx.stored_weights = None
+        ctx.split_x = None
         ctx.call = None
         dx = dx.reshape(ctx.x_shape) if dx is not None else None
         return (dx, None, *dws, *dbs)

@@ -17,11 +17,12 @@ from typing import Optional, Tuple
 
 import torch
 
-from .._engine import _C
 from ..quantized_param import QuantizedWeight
 from . import compile_ops as _compile_ops
 from .compile_ops import compiled_linear
-from .linear_gemms import LinearRoles, linear_backward, linear_forward, weight_operand_of
+from .linear_gemms import (LinearRoles, linear_backward, linear_forward, stored_dgrad_operand,
+                           weight_operand_of)
+from .saved_operands import pack_all, unpack_all
 
 
 class LinearFunction(torch.autograd.Function):
@@ -32,7 +33,12 @@ class LinearFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, roles: LinearRoles, need_dgrad: bool, need_wgrad: bool,
                 weight_op=None, fuse_wgrad_accumulation: bool = False):
         y, (saved_x, saved_w) = linear_forward(x, weight, bias, roles, need_dgrad, need_wgrad,
-                                               weight_op)
+                                               weight_op, share_input=True)
+        # A QuantizedWeight's dgrad bytes are read from the weight when backward runs (FSDP2
+        # may have gathered them again into new memory by then).
+        ctx.stored_weight = weight if isinstance(weight, QuantizedWeight) and need_dgrad else None
+        if ctx.stored_weight is not None:
+            saved_w = None
         ctx.roles = roles
         # main_grad accumulation: the Parameter itself is kept to reach .main_grad in backward.
         ctx.main_grad_weight = weight if (fuse_wgrad_accumulation and need_wgrad) else None
@@ -40,19 +46,24 @@ class LinearFunction(torch.autograd.Function):
         ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weight.dtype
         ctx.has_bias = bias is not None
         ctx.bias_dtype = bias.dtype if bias is not None else None
-        # Quantized operands are engine objects (kept on ctx); high-precision ones are tensors
-        # and go through save_for_backward so in-place changes are detected.
-        ctx.saved_q = (saved_x if isinstance(saved_x, _C.QuantizedTensor) else None,
-                       saved_w if isinstance(saved_w, _C.QuantizedTensor) else None)
-        ctx.save_for_backward(saved_x if isinstance(saved_x, torch.Tensor) else None,
-                              saved_w if isinstance(saved_w, torch.Tensor) else None)
+        # Everything saved goes through save_for_backward as plain tensors (a quantized operand
+        # as the tensors of its bytes and scales, saved_operands.py), so saved-tensor hooks
+        # (CPU offload, activation checkpointing) see it, and in-place changes of a dense one
+        # are detected. A weight operand the caller gave (cached across micro-batches, stored
+        # quantized, a grouped quantization's) belongs to the weight, not to this step: it
+        # stays on ctx.
+        ctx.given_w = saved_w if weight_op is not None else None
+        tensors, ctx.packed = pack_all((saved_x, None if weight_op is not None else saved_w))
+        ctx.save_for_backward(*tensors)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        dense_x, dense_w = ctx.saved_tensors
-        saved_x = ctx.saved_q[0] if ctx.saved_q[0] is not None else dense_x
-        saved_w = ctx.saved_q[1] if ctx.saved_q[1] is not None else dense_w
+        saved_x, saved_w = unpack_all(ctx.saved_tensors, ctx.packed)
+        if ctx.given_w is not None:
+            saved_w = ctx.given_w
+        if ctx.stored_weight is not None:
+            saved_w = stored_dgrad_operand(ctx.stored_weight, "qrecipe module")
         dy2 = dy.reshape(-1, ctx.roles.plan["out_features"]).contiguous()
         dx, dw = linear_backward(dy2, saved_x, saved_w, ctx.roles, x_shape=ctx.x_shape,
                                  x_dtype=ctx.x_dtype, w_dtype=ctx.w_dtype,
@@ -62,7 +73,8 @@ class LinearFunction(torch.autograd.Function):
         db = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.float().sum(0).to(ctx.bias_dtype)
-        ctx.saved_q = None
+        ctx.given_w = None
+        ctx.stored_weight = None
         ctx.main_grad_weight = None
         return dx, dw, db, None, None, None, None, None
 
@@ -72,7 +84,7 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
                      fuse_wgrad_accumulation: bool = False,
                      who: str = "qrecipe module",
                      weight_group: Optional[Tuple[torch.Tensor, int]] = None,
-                     weight_operand=None) -> torch.Tensor:
+                     weight_operand=None, scaling_generation: int = 0) -> torch.Tensor:
     """``y = x W^T + b`` under `roles`: the one entry every qrecipe module uses for its GEMMs.
 
     Builds the autograd graph only when something needs a gradient, so under
@@ -94,13 +106,15 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
         # break instead of dynamo trying to trace the engine bindings.
         return _quantized_linear_not_traced(x, weight, bias, roles, is_first_microbatch,
                                             fuse_wgrad_accumulation, who, weight_group,
-                                            weight_operand)
+                                            weight_operand, scaling_generation)
     return _quantized_linear_eager(x, weight, bias, roles, is_first_microbatch,
-                                   fuse_wgrad_accumulation, who, weight_group, weight_operand)
+                                   fuse_wgrad_accumulation, who, weight_group, weight_operand,
+                                   scaling_generation)
 
 
 def _quantized_linear_eager(x, weight, bias, roles, is_first_microbatch,
-                            fuse_wgrad_accumulation, who, weight_group, weight_operand=None):
+                            fuse_wgrad_accumulation, who, weight_group, weight_operand=None,
+                            scaling_generation=0):
     grad = torch.is_grad_enabled()
     need_dgrad = grad and x.requires_grad
     need_wgrad = grad and weight.requires_grad
@@ -108,9 +122,10 @@ def _quantized_linear_eager(x, weight, bias, roles, is_first_microbatch,
     weight_op = weight_operand  # quantized by the caller (a grouped quantization), or None
     if weight_op is None:
         weight_op = weight_operand_of(weight, roles, need_dgrad, is_first_microbatch, who,
-                                      weight_group)
+                                      weight_group, scaling_generation)
     if not (need_dgrad or need_wgrad or needs_bias_grad):
-        return linear_forward(x, weight, bias, roles, False, False, weight_op)[0]
+        return linear_forward(x, weight, bias, roles, False, False, weight_op,
+                              share_input=True)[0]
     return LinearFunction.apply(x, weight, bias, roles, need_dgrad, need_wgrad, weight_op,
                                 bool(fuse_wgrad_accumulation))
 

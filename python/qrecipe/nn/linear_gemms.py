@@ -30,10 +30,10 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .. import autocasting as _autocast
 from .._engine import _C
 from ..quantization import COLUMNWISE, ROWWISE
 from ..quantized_param import QuantizedWeight
+from . import input_sharing
 from .weight_cache import cached_weight_operand
 
 
@@ -175,15 +175,23 @@ def overlap_backward(plan: dict, dy: torch.Tensor, macs: int) -> bool:
 
 
 def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                   roles: LinearRoles, need_dgrad: bool, need_wgrad: bool, weight_op=None):
+                   roles: LinearRoles, need_dgrad: bool, need_wgrad: bool, weight_op=None,
+                   share_input: bool = False):
     """Returns (y, saved) where saved = (x operand for wgrad, W operand for dgrad).
 
     `weight_op`: an already quantized weight operand holding the directions needed (a cached
     or a stored one); it is used as is and never trimmed. (GroupedLinear does the same for
-    all its experts at once: grouped_linear_function.grouped_forward.)"""
+    all its experts at once: grouped_linear_function.grouped_forward.) `share_input`: take
+    x's quantization from the Linear that read the same x just before under the same
+    stateless spec, or keep it for the next one (input_sharing.py; the eager path)."""
     in_features = weight.shape[1]
     x2 = x.reshape(-1, in_features).contiguous()
-    x_op = operand(roles.input, x2, ROWWISE | (COLUMNWISE if need_wgrad else 0))
+    x_usage = ROWWISE | (COLUMNWISE if need_wgrad else 0)
+    key = roles.plan.get("input_share") if share_input else None
+    if key is not None:
+        x_op = input_sharing.operand(x, x2, roles.input, key, x_usage, _quantize)
+    else:
+        x_op = operand(roles.input, x2, x_usage)
     if weight_op is not None:
         w_op = weight_op
     else:
@@ -192,7 +200,10 @@ def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     y = gemm("fprop", x_op, "rowwise", w_op, "rowwise", x2.shape[0], weight.shape[0], x,
              x.dtype, bias)
     y = y.reshape(*x.shape[:-1], weight.shape[0])
-    saved_x = keep_columnwise(x_op) if need_wgrad else None
+    saved_x = None
+    if need_wgrad:  # a shared operand keeps its rowwise copy for the next Linear
+        saved_x = input_sharing.columnwise_view(x_op) if key is not None else \
+            keep_columnwise(x_op)
     saved_w = None
     if need_dgrad:
         saved_w = w_op if weight_op is not None else keep_columnwise(w_op)
@@ -280,36 +291,45 @@ def main_grad_of(weight: torch.Tensor, rows: int, cols: int, device: torch.devic
     return main_grad
 
 
-def _stored_weight_operand(weight: "QuantizedWeight", need_dgrad: bool, who: str):
-    """The bytes a QuantizedWeight holds, used as they are (quantized_model_init). They were
-    made by the quantizer the recipe gave the weight's role at creation; the GEMM reads them
-    with that quantizer whatever the active recipe says for the role."""
+def _stored_weight_operand(weight: "QuantizedWeight", who: str):
+    """The bytes a QuantizedWeight holds, used as they are (quantized_model_init) for fprop.
+    They were made by the quantizer the recipe gave the weight's role at creation; the GEMM
+    reads them with that quantizer whatever the active recipe says for the role. dgrad's
+    columnwise copy is taken when backward runs (stored_dgrad_operand)."""
     stored = weight.engine_tensor
-    for direction, needed in (("rowwise", True), ("columnwise", need_dgrad)):
-        if needed and not stored.has(direction):
-            raise RuntimeError(f"{who}: its QuantizedWeight holds {stored.usage} data only but "
-                               f"the GEMMs need {direction}; create it with both directions "
-                               "(quantized_model_init does)")
+    if not stored.has("rowwise"):
+        raise RuntimeError(f"{who}: its QuantizedWeight holds {stored.usage} data only but "
+                           "fprop needs rowwise; create it with both directions "
+                           "(quantized_model_init does)")
     return stored
 
 
-def _scaling_generation() -> int:
-    """The active recipe's count of delayed-scale changes (0 outside autocast)."""
-    recipe = _autocast.current_recipe()
-    return 0 if recipe is None else recipe.scaling_generation
+def stored_dgrad_operand(weight: "QuantizedWeight", who: str):
+    """The columnwise bytes a QuantizedWeight holds *now*, for dgrad: read when backward runs,
+    not kept from the forward, because the weight's bytes may have moved in between (FSDP2
+    frees a parameter after the forward and gathers it again, into new memory, for the
+    backward)."""
+    stored = weight.engine_tensor
+    if not stored.has("columnwise"):
+        raise RuntimeError(f"{who}: its QuantizedWeight holds {stored.usage} data only but "
+                           "dgrad needs columnwise; create it with both directions "
+                           "(quantized_model_init does)")
+    return stored
 
 
 def weight_operand_of(weight: torch.Tensor, roles: LinearRoles, need_dgrad: bool,
                       is_first_microbatch: Optional[bool], who: str,
-                      weight_group: Optional[Tuple[torch.Tensor, int]] = None):
+                      weight_group: Optional[Tuple[torch.Tensor, int]] = None,
+                      scaling_generation: int = 0):
     """The quantized weight operand of one GEMM call, or None when the weight stays in high
     precision (format none): a QuantizedWeight's stored bytes, else the weight quantized now
-    or taken from the weight cache (`is_first_microbatch`, weight_cache.py)."""
+    or taken from the weight cache (`is_first_microbatch`, weight_cache.py; an entry made
+    under another `scaling_generation` of the recipe, see Recipe, is stale)."""
     if isinstance(weight, QuantizedWeight):
-        return _stored_weight_operand(weight, need_dgrad, who)
+        return _stored_weight_operand(weight, who)
     if roles.weight is None:
         return None
     return cached_weight_operand(
         weight, roles.weight, ROWWISE | (COLUMNWISE if need_dgrad else 0),
-        is_first_microbatch, lambda q, t, u: _quantize(q, t, u), who, _scaling_generation(),
+        is_first_microbatch, lambda q, t, u: _quantize(q, t, u), who, scaling_generation,
         weight_group)

@@ -1,0 +1,103 @@
+"""FSDP2 (torch.distributed.fsdp.fully_shard) with quantized parameters, multi-process: world
+sizes 1, 2 and 4 on the CPU with gloo on 127.0.0.1 (the GPU script runs world size 1 with
+NCCL: QRECIPE_FSDP_BACKEND=nccl QRECIPE_FSDP_WORLDS=1). Each world size is ONE launch of
+fsdp_cases.py in as many processes, bounded in time; the cases check themselves (see there)
+and this file reports each case as a test:
+
+- gather: per format (float8 current and delayed, mxfp8, blockwise 1x128 and 128x128, nvfp4
+  1-D and 2-D, hybrid) the gathered weight and DTensor.full_tensor() equal the weight
+  quantized whole, bit for bit; a step's output and gradients too;
+- gather_grouped: GroupedLinear's single grouped parameter, shards cutting experts;
+- bytes: the all-gather moves the format's bytes (counted at torch.distributed);
+- training: ten steps of a two-block transformer equal single-process training bit for bit;
+- delayed_state: the delayed-scaling states after three steps equal single-process ones;
+- meta_init: meta device + quantized_model_init + fully_shard + to_empty + reset_parameters;
+- dcp: torch.distributed.checkpoint round trip, and the world-size-2 checkpoint loaded at
+  world size 4 (resharding);
+- refusals: the shard-boundary and uneven-shard errors.
+"""
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+BACKEND = os.environ.get("QRECIPE_FSDP_BACKEND", "gloo")
+WORLDS = [int(w) for w in os.environ.get("QRECIPE_FSDP_WORLDS", "1,2,4").split(",")]
+TIMEOUT_S = 900  # one launch (all its cases); generous for 4 processes on 2 loaded cores
+CASES = {
+    1: ["gather", "gather_grouped", "bytes", "training", "delayed_state", "meta_init", "dcp"],
+    2: ["gather", "gather_grouped", "bytes", "training", "delayed_state", "meta_init", "dcp",
+        "refusals"],
+    4: ["gather", "gather_grouped", "training", "meta_init", "dcp", "refusals"],
+}
+
+pytestmark = pytest.mark.skipif(
+    not __import__("torch").distributed.is_available(), reason="torch without distributed")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(world: int, out: pathlib.Path, cases, checkpoint=None) -> dict:
+    """Runs fsdp_cases.py in `world` processes (torchrun's environment); {case: result}."""
+    out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join(sys.path))
+        command = [sys.executable, str(HERE / "fsdp_cases.py"), "--out", str(out),
+                   "--backend", BACKEND, "--cases", ",".join(cases)]
+        if checkpoint is not None:
+            command += ["--checkpoint", str(checkpoint)]
+        log = open(out / f"rank{rank}.log", "w")
+        procs.append((subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT),
+                      log))
+    try:
+        for proc, _ in procs:
+            proc.wait(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        for proc, _ in procs:
+            proc.kill()
+        pytest.fail(f"world size {world}: the launch ran past {TIMEOUT_S} s; logs in {out}")
+    finally:
+        for _, log in procs:
+            log.close()
+    results = out / "results.json"
+    if not results.exists():
+        logs = "\n".join((out / f"rank{r}.log").read_text()[-3000:] for r in range(world))
+        pytest.fail(f"world size {world}: no results (exit codes "
+                    f"{[p.returncode for p, _ in procs]}):\n{logs}")
+    return json.loads(results.read_text())
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    """Every world size's launch, in order (world 4 loads world 2's checkpoint)."""
+    root = tmp_path_factory.mktemp("fsdp")
+    done = {}
+    for world in WORLDS:
+        done[world] = launch(world, root / f"world{world}", CASES.get(world, CASES[2]))
+        if world == 4 and 2 in done:
+            done[4]["dcp_reshard"] = launch(4, root / "world4-reshard", ["dcp"],
+                                            root / "world2" / "checkpoint-2")["dcp"]
+    return done
+
+
+ALL = [(w, c) for w in WORLDS for c in CASES.get(w, CASES[2])] + \
+    ([(4, "dcp_reshard")] if 2 in WORLDS and 4 in WORLDS else [])
+
+
+@pytest.mark.parametrize("world,case", ALL, ids=[f"world{w}-{c}" for w, c in ALL])
+def test_fsdp(launches, world, case):
+    result = launches[world].get(case, "not run")
+    assert result == "ok", f"world size {world}, case {case}:\n{result}"
