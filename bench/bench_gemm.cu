@@ -7,7 +7,7 @@
 //
 // Map of this file
 //   1. CUDA helpers: error checks, the BF16 fill kernel, events, timing
-//   2. raw cuBLASLt: the library the engine loaded (dlopen RTLD_NOLOAD), one prepared TN GEMM
+//   2. raw cuBLASLt: bench/raw_cublaslt.hpp, one prepared TN GEMM in the library the engine loaded
 //   3. configurations: operand formats, GEMM kind, and the raw GEMM each is compared with
 //   4. one measurement: operands on the device, qrecipe::gemm() and the raw GEMM timed alike
 //   5. output: JSON (--out, the schema of bench_quantize with "kind": "gemm") and a markdown
@@ -36,7 +36,6 @@
 // How to add a configuration: append to kConfigs.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <array>
@@ -65,6 +64,7 @@
 #include "qrecipe/registry.hpp"
 #include "qrecipe/tensor.hpp"
 #include "bench_common.hpp"
+#include "raw_cublaslt.hpp"
 
 namespace {
 
@@ -134,133 +134,10 @@ Paired time_paired(cudaStream_t stream, int warmup, int runs, int batch, Fa&& fa
 }
 
 // ---------------------------------------------------------------- 2. raw cuBLASLt
-
-// The functions of the libcublasLt.so.13 that libqrecipe loaded (found by its soname with
-// RTLD_NOLOAD, after the first qrecipe GEMM), so both sides of a ratio use one library.
-struct RawLt {
-  decltype(&cublasLtCreate) create = nullptr;
-  decltype(&cublasLtGetStatusName) status_name = nullptr;
-  decltype(&cublasLtMatmulDescCreate) desc_create = nullptr;
-  decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
-  decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
-  decltype(&cublasLtMatmulPreferenceCreate) pref_create = nullptr;
-  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
-  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
-  decltype(&cublasLtMatmul) matmul = nullptr;
-  cublasLtHandle_t handle = nullptr;
-
-  static RawLt& get() {
-    static RawLt lt = load();
-    return lt;
-  }
-
- private:
-  template <class Fn>
-  static void sym(void* lib, const char* name, Fn& out) {
-    out = reinterpret_cast<Fn>(dlsym(lib, name));
-    if (!out) throw std::runtime_error(std::string("libcublasLt.so.13 has no ") + name);
-  }
-  static RawLt load() {
-    void* lib = dlopen("libcublasLt.so.13", RTLD_NOW | RTLD_NOLOAD);
-    if (!lib) {
-      const char* err = dlerror();
-      throw std::runtime_error("libcublasLt.so.13 is not loaded: the first qrecipe GEMM should have "
-                               "loaded it (" + std::string(err ? err : "?") + ")");
-    }
-    RawLt lt;
-    sym(lib, "cublasLtCreate", lt.create);
-    sym(lib, "cublasLtGetStatusName", lt.status_name);
-    sym(lib, "cublasLtMatmulDescCreate", lt.desc_create);
-    sym(lib, "cublasLtMatmulDescSetAttribute", lt.desc_set);
-    sym(lib, "cublasLtMatrixLayoutCreate", lt.layout_create);
-    sym(lib, "cublasLtMatmulPreferenceCreate", lt.pref_create);
-    sym(lib, "cublasLtMatmulPreferenceSetAttribute", lt.pref_set);
-    sym(lib, "cublasLtMatmulAlgoGetHeuristic", lt.heuristic);
-    sym(lib, "cublasLtMatmul", lt.matmul);
-    lt.check(lt.create(&lt.handle), "cublasLtCreate");
-    return lt;
-  }
-
- public:
-  void check(cublasStatus_t s, const char* call) const {
-    if (s != CUBLAS_STATUS_SUCCESS)
-      throw std::runtime_error(std::string("raw cuBLASLt ") + call + " failed: " + status_name(s));
-  }
-};
-
-// One TN GEMM in cuBLASLt terms: D (m x n, ld m) = op(A)^T-stored K x m times B (K x n), both
-// with ld K: exactly what qrecipe issues for K-major operands (A_c = our B, B_c = our A).
-struct RawSpec {
-  cudaDataType_t a_type = CUDA_R_16BF, b_type = CUDA_R_16BF, d_type = CUDA_R_16BF;
-  const void* a = nullptr;
-  const void* b = nullptr;
-  void* d = nullptr;
-  const void* a_scale = nullptr;
-  const void* b_scale = nullptr;
-  std::int32_t a_scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
-  std::int32_t b_scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
-  std::int64_t m = 0, n = 0, k = 0;
-  bool fast_accumulation = false;
-};
-
-class RawGemm {
- public:
-  explicit RawGemm(const RawSpec& s) : s_(s) {
-    RawLt& lt = RawLt::get();
-    BENCH_CUDA(cudaMalloc(&workspace_, kWorkspace));
-    lt.check(lt.desc_create(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-    const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
-    set(CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t);
-    set(CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof n);
-    const bool fp8 = s.a_type == CUDA_R_8F_E4M3 || s.a_type == CUDA_R_8F_E5M2;
-    if (fp8) {
-      const std::int8_t fast = s.fast_accumulation ? 1 : 0;
-      set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast);
-      set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &s.a_scale_mode, sizeof s.a_scale_mode);
-      set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &s.b_scale_mode, sizeof s.b_scale_mode);
-      set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &s_.a_scale, sizeof s_.a_scale);
-      set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &s_.b_scale, sizeof s_.b_scale);
-    }
-    lt.check(lt.layout_create(&a_, s.a_type, s.k, s.m, s.k), "cublasLtMatrixLayoutCreate(A)");
-    lt.check(lt.layout_create(&b_, s.b_type, s.k, s.n, s.k), "cublasLtMatrixLayoutCreate(B)");
-    lt.check(lt.layout_create(&d_, s.d_type, s.m, s.n, s.m), "cublasLtMatrixLayoutCreate(D)");
-    cublasLtMatmulPreference_t pref = nullptr;
-    lt.check(lt.pref_create(&pref), "cublasLtMatmulPreferenceCreate");
-    const std::uint64_t ws = kWorkspace;
-    lt.check(lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
-             "cublasLtMatmulPreferenceSetAttribute");
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    lt.check(lt.heuristic(lt.handle, desc_, a_, b_, d_, d_, pref, 1, &result, &found),
-             "cublasLtMatmulAlgoGetHeuristic");
-    if (found == 0) throw std::runtime_error("raw cuBLASLt: no algorithm");
-    algo_ = result.algo;
-  }
-  ~RawGemm() {
-    if (workspace_) (void)cudaFree(workspace_);
-  }
-  RawGemm(const RawGemm&) = delete;
-  RawGemm& operator=(const RawGemm&) = delete;
-
-  void run(cudaStream_t stream) const {
-    const float alpha = 1.0f, beta = 0.0f;
-    RawLt& lt = RawLt::get();
-    lt.check(lt.matmul(lt.handle, desc_, &alpha, s_.a, a_, s_.b, b_, &beta, s_.d, d_, s_.d, d_, &algo_,
-                       workspace_, kWorkspace, stream),
-             "cublasLtMatmul");
-  }
-
- private:
-  static constexpr std::size_t kWorkspace = std::size_t{32} << 20;  // as the engine
-  void set(cublasLtMatmulDescAttributes_t attr, const void* v, std::size_t size) {
-    RawLt::get().check(RawLt::get().desc_set(desc_, attr, v, size), "cublasLtMatmulDescSetAttribute");
-  }
-  RawSpec s_;
-  void* workspace_ = nullptr;
-  cublasLtMatmulDesc_t desc_ = nullptr;
-  cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
-  cublasLtMatmulAlgo_t algo_{};
-};
+//
+// bench/raw_cublaslt.hpp: the benchmarks' one raw cuBLASLt GEMM (the TN GEMM the engine
+// issues, set up as the engine sets it up, in the libcublasLt.so.13 the engine loaded), prepared
+// once per measurement and enqueued as is.
 
 // ---------------------------------------------------------------- 3. configurations
 
@@ -447,7 +324,7 @@ cudaDataType_t cuda_type(std::int32_t t) {
   }
 }
 
-std::int32_t scale_mode(const qr_direction_layout& l) {
+cublasLtMatmulMatrixScale_t scale_mode(const qr_direction_layout& l) {
   if (l.scale_mode == QR_SCALE_TENSOR) return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
   return l.block_rows == 1 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
 }
@@ -508,33 +385,31 @@ std::optional<Record> measure(const Options& o, const Config& c, const Shape& s,
     return std::nullopt;
   }
 
-  // The raw cuBLASLt GEMM of the same precision, layout and shape.
-  RawSpec r;
-  r.m = s.n;  // cuBLAS m = our N (see engine/src/gemm/cuda/gemm_cuda.cpp)
-  r.n = s.m;
+  // The raw cuBLASLt GEMM of the same precision, layout and shape: out [M, N] = A . B^T.
+  raw_cublaslt::Gemm r;
   r.k = s.k;
+  r.out = out.view().data();
+  r.out_type = o.out_dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  r.a.outer = s.m;
+  r.b.outer = s.n;
   if (c.raw == Raw::fp8 && plan.path == GemmPlan::Path::native) {
     const auto& da = ta.direction(QR_DIRECTION_ROWWISE);
     const auto& db = tb.direction(QR_DIRECTION_ROWWISE);
-    r.a_type = cuda_type(db.layout.data_dtype);
-    r.b_type = cuda_type(da.layout.data_dtype);
-    r.a = db.data.data;
-    r.b = da.data.data;
-    r.a_scale = db.scale_inv.data;
-    r.b_scale = da.scale_inv.data;
-    r.a_scale_mode = scale_mode(db.layout);
-    r.b_scale_mode = scale_mode(da.layout);
+    r.a.data = da.data.data;
+    r.a.type = cuda_type(da.layout.data_dtype);
+    r.a.scale = da.scale_inv.data;
+    r.a.scale_mode = scale_mode(da.layout);
+    r.b.data = db.data.data;
+    r.b.type = cuda_type(db.layout.data_dtype);
+    r.b.scale = db.scale_inv.data;
+    r.b.scale_mode = scale_mode(db.layout);
     r.fast_accumulation = plan.fast_accumulation;
-    r.d = out.view().data();
-    r.d_type = o.out_dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
   } else {  // BF16 (dense, emulated, or a native configuration that ran emulated)
-    r.a_type = r.b_type = CUDA_R_16BF;
-    r.a = src_b.view().data();
-    r.b = src_a.view().data();
-    r.d = out.view().data();
-    r.d_type = o.out_dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    r.a.data = src_a.view().data();
+    r.b.data = src_b.view().data();
+    r.a.type = r.b.type = CUDA_R_16BF;
   }
-  const RawGemm raw(r);
+  const raw_cublaslt::Prepared raw(r);
   const Paired t = time_paired(
       stream, o.warmup, o.runs, o.batch, [&] { gemm(a, b, out.view(), go); }, [&] { raw.run(stream); });
   const double ms = t.a_ms, raw_ms = t.b_ms;

@@ -30,7 +30,7 @@ usage: bench_grouped_linear.py [--out FILE.json] [--recipes default,float8_delay
                                [--experts 8,32,64,128] [--tokens 256,512,1024,4096]
                                [--hidden 2048x1408,4096x14336,7168x2048] [--budget-s 210]
                                [--max-gb 50] [--layer-configs 64x16384x2048x1408,...]
-                               [--steps 3] [--samples 5] [--md FILE.md]
+                               [--steps 3] [--samples 5] [--md MD_PATH]
 The qrecipe package must be importable (PYTHONPATH=BUILD/python), built with CUDA.
 """
 from __future__ import annotations

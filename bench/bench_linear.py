@@ -12,8 +12,9 @@ clock and power drifts of the GPU hit all of them alike:
   floor          what the step cannot avoid, executed: the copy of the x and W quantization
                  bytes, the raw fprop GEMM, the copy of the dy quantization bytes, the raw
                  dgrad and wgrad GEMMs. A raw GEMM is one cuBLASLt call of that GEMM's
-                 precision, layout and shape (qrecipe._C.raw_cublaslt_gemm: the engine's own
-                 cuBLASLt layer, no plan, decode or epilogue kernel) on the buffers of real
+                 precision, layout and shape (qrecipe._C.raw_cublaslt_gemm: the benchmarks'
+                 raw cuBLASLt GEMM, bench/raw_cublaslt.hpp, set up as the engine's; no plan,
+                 decode or epilogue kernel) on the buffers of real
                  quantized tensors; a GEMM that runs emulated on this device is floored at
                  the raw BF16 GEMM of its shape. A copy of B quantization bytes is torch's
                  device copy moving B bytes (read + write).
@@ -62,7 +63,7 @@ from qrecipe.nn import linear_gemms
 
 ROWWISE, COLUMNWISE = 1, 2
 GEMMS = ("fprop", "dgrad", "wgrad")
-# The operands of each GEMM (DESIGN.md section 6): (tensor, direction) of A, then of B.
+# The operands of each GEMM (docs/gemm.md): (tensor, direction) of A, then of B.
 GEMM_OPERANDS = {"fprop": (("x", "rowwise"), ("w", "rowwise")),
                  "dgrad": (("dy", "rowwise"), ("w", "columnwise")),
                  "wgrad": (("dy", "columnwise"), ("x", "columnwise"))}

@@ -323,6 +323,17 @@ const BenchSet kBenchSets[] = {
      "{format: hybrid, rowwise: {format: float8, dtype: e4m3}, "
      "columnwise: {format: float8, dtype: e5m2}}",
      2},
+    // The shipped pairs (recipes/hybrid_*.yaml, columnwise_source: input): both directions of
+    // the first two run from one read after float8's amax pass (QRECIPE_HYBRID_FUSE=0 times
+    // the two-call path); the third has no per-tensor side and runs two calls.
+    {"hybrid", "float8_mxfp8",
+     "{format: hybrid, rowwise: {format: float8, scaling: current}, columnwise: {format: mxfp8}}",
+     2},
+    {"hybrid", "float8_nvfp4",
+     "{format: hybrid, rowwise: {format: float8, scaling: current}, columnwise: {format: nvfp4}}",
+     2},
+    {"hybrid", "mxfp8_e5m2_nvfp4",
+     "{format: hybrid, rowwise: {format: mxfp8, dtype: e5m2}, columnwise: {format: nvfp4}}", 2},
 };
 
 qrecipe::QuantizerSpec spec_from_yaml(const std::string& yaml) {

@@ -1,7 +1,7 @@
 # qrecipe_add_plugin(NAME <fmt> SOURCES <cpp...> [CUDA_SOURCES <cu...>])
 #   Builds libqrecipe_<fmt>.so as a MODULE that includes only the public engine headers and
 #   exports exactly two symbols (qrecipe_plugin_abi, qrecipe_plugin_entry): hidden visibility
-#   plus a version script. CUDA sources are added when the build has CUDA; the plugin then
+#   plus a version script, and --exclude-libs,ALL for the static archives it links. CUDA sources are added when the build has CUDA; the plugin then
 #   defines QRECIPE_PLUGIN_HAS_CUDA and records its CUDA version and archs in its descriptor.
 #
 # qrecipe_add_plugin_test(NAME <fmt> SOURCES <cpp...>)
@@ -26,8 +26,14 @@ function(qrecipe_add_plugin)
     VISIBILITY_INLINES_HIDDEN ON
     LIBRARY_OUTPUT_DIRECTORY ${QRECIPE_LIB_OUTPUT_DIR})
   target_link_libraries(${target} PRIVATE qrecipe_headers qrecipe_flags)
-  target_link_options(${target} PRIVATE
-    "LINKER:--version-script=${QRECIPE_PLUGIN_VERSION_SCRIPT}" "LINKER:--no-undefined")
+  # --exclude-libs: nothing of a static archive linked in (the CUDA runtime) is exported either.
+  target_link_options(${target} PRIVATE "LINKER:--version-script=${QRECIPE_PLUGIN_VERSION_SCRIPT}"
+    "LINKER:--exclude-libs,ALL")
+  # --no-undefined, except where clang's sanitizers and coverage are on: clang links their
+  # runtimes into the executable only, which exports them to the modules it loads.
+  if(NOT (CMAKE_CXX_COMPILER_ID MATCHES "Clang" AND (QRECIPE_SANITIZE OR QRECIPE_FUZZ OR QRECIPE_TSAN)))
+    target_link_options(${target} PRIVATE "LINKER:--no-undefined")
+  endif()
   if(QRECIPE_WITH_CUDA AND P_CUDA_SOURCES)
     string(REPLACE ";" "," _archs "${CMAKE_CUDA_ARCHITECTURES}")
     string(REPLACE "." "" _cuda_ver "${CMAKE_CUDA_COMPILER_VERSION}")

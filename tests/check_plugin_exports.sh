@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Every plugin in DIR exports exactly its two entry symbols (DESIGN.md section 4):
-# qrecipe_plugin_abi and qrecipe_plugin_entry. Anything else leaking out of a plugin can
-# clash with another plugin's symbols or the host's.
+# Every plugin in DIR exports exactly its two entry symbols (docs/architecture.md, "The C plugin
+# boundary"): qrecipe_plugin_abi and qrecipe_plugin_entry. Anything else leaking out of a
+# plugin can clash with another plugin's symbols or the host's.
 set -euo pipefail
 dir=${1:?usage: check_plugin_exports.sh PLUGIN_DIR}
 shopt -s nullglob

@@ -2,6 +2,8 @@
 // delayed-scaling states (amaxes reduced by the caller, one update for all of them).
 #include <doctest/doctest.h>
 
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "qrecipe/engine.hpp"
@@ -119,4 +121,62 @@ TEST_CASE("an invalid spec made in code fails before the plugin sees it") {
   unknown.format = "fp8";
   CHECK_THROWS_WITH_AS(engine.make_quantizer(unknown, {"linear", "input", "x"}),
                        doctest::Contains("unknown format 'fp8'"), RecipeError);
+}
+
+// Checkpointed scaling values are validated before anything is written (issue 19): a NaN, inf,
+// zero or negative scale, a scale_inv that is not the float reciprocal the engine computes
+// (1.0f / scale, IEEE round to nearest), or a NaN or negative amax in the history would make
+// the next forward output NaN.
+TEST_CASE("scaling values: corrupt values are refused, naming the state and the key") {
+  if (!have_float8()) {
+    MESSAGE("not supported: float8 plugin not built");
+    return;
+  }
+  Engine engine(Recipe::parse(kRecipe, "engine-test.yaml"));
+  engine.resolve({"linear", "input", "delayed.a"});
+  const Engine::ScalingValues before = engine.scaling_values(0);
+  auto values = [](float scale, float scale_inv, std::vector<float> history = {0, 1, 2, 3}) {
+    Engine::ScalingValues v;
+    v.scale = scale;
+    v.scale_inv = scale_inv;
+    v.amax_history = std::move(history);
+    return v;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    Engine::ScalingValues v;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {values(nan, nan), "scale is nan; a scale is a finite number > 0"},
+      {values(inf, 0.0f), "scale is inf; a scale is a finite number > 0"},
+      {values(0.0f, inf), "scale is 0; a scale is a finite number > 0"},
+      {values(-2.0f, -0.5f), "scale is -2; a scale is a finite number > 0"},
+      {values(3.0f, 0.333f), "scale_inv is 0.333 but 1/scale is 0.33333334"},
+      {values(2.0f, 0.5f, {0, nan, 2, 3}), "amax_history[1] is nan"},
+      {values(2.0f, 0.5f, {nan, nan, nan, nan}), "amax_history[0] is nan"},
+      {values(2.0f, 0.5f, {0, 1, -2, 3}), "amax_history[2] is -2"},
+  };
+  for (const auto& c : cases) {
+    const std::string expected = c.expected;
+    CAPTURE(expected);
+    try {
+      engine.set_scaling_values(0, c.v);
+      FAIL("expected an error");
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      CHECK_MESSAGE(message.find(c.expected) != std::string::npos, message);
+      CHECK_MESSAGE(message.find("linear:input@delayed.a float8") != std::string::npos, message);
+    }
+    // Nothing was written.
+    const Engine::ScalingValues now = engine.scaling_values(0);
+    CHECK(now.scale == before.scale);
+    CHECK(now.amax_history == before.amax_history);
+  }
+  // What the engine itself writes loads: an inf amax (an input holding inf) freezes the scale
+  // for the history's length, a tiny scale has a large but exact reciprocal.
+  engine.set_scaling_values(0, values(3.0f, 1.0f / 3.0f, {0, inf, 2, 3}));
+  engine.set_scaling_values(0, values(1e-30f, 1.0f / 1e-30f));
+  CHECK(engine.scaling_values(0).scale == 1e-30f);
 }

@@ -1,5 +1,5 @@
-// GEMM: the CPU reference product, the epilogue, shape checks, the pairing table of DESIGN.md
-// section 6, and the three GEMMs of a linear layer on quantized operands against FP64.
+// GEMM: the CPU reference product, the epilogue, shape checks, the pairing table of
+// docs/gemm.md, and the three GEMMs of a linear layer on quantized operands against FP64.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -11,6 +11,7 @@
 #include "qrecipe/conversions.hpp"
 #include "qrecipe/engine.hpp"
 #include "qrecipe/gemm.hpp"
+#include "qrecipe/scaling.hpp"
 
 using namespace qrecipe;
 
@@ -219,7 +220,7 @@ OperandTraits mx(qr_dtype dt = QR_DTYPE_E4M3) {
 using P = GemmPlan::Path;
 }  // namespace
 
-TEST_CASE("pairing table on Hopper (DESIGN.md section 6)") {
+TEST_CASE("pairing table on Hopper (docs/gemm.md)") {
   const auto sm90 = GemmTarget::sm90;
   const auto e4 = fp8_tensor(QR_DTYPE_E4M3), e5 = fp8_tensor(QR_DTYPE_E5M2);
   auto fp = plan_gemm(GemmKind::fprop, e4, e4, sm90, 64, 64, 64);
@@ -239,7 +240,8 @@ TEST_CASE("pairing table on Hopper (DESIGN.md section 6)") {
   // MXFP8 / NVFP4 / mixed formats: emulated, never an error.
   const auto mxp = plan_gemm(GemmKind::fprop, mx(), mx(), sm90, 256, 256, 256);
   CHECK(mxp.path == P::emulated);
-  CHECK(mxp.reason.find("MXFP8/NVFP4") != std::string::npos);
+  CHECK(mxp.reason.find("Hopper has no tensor cores for E8M0-scaled or E2M1 operands") !=
+        std::string::npos);
   CHECK(plan_gemm(GemmKind::fprop, e4, mx(), sm90, 256, 256, 256).path == P::emulated);
   CHECK(plan_gemm(GemmKind::fprop, e4, fp8_blocks(1, 128), sm90, 256, 256, 256).path == P::emulated);
   // Shapes not divisible by 16, and non-K-major data, are emulated.
@@ -254,6 +256,76 @@ TEST_CASE("pairing table on Hopper (DESIGN.md section 6)") {
   // On the CPU every quantized GEMM is the reference.
   CHECK(plan_gemm(GemmKind::fprop, e4, e4, GemmTarget::cpu, 64, 64, 64).path == P::reference);
   CHECK(plan_gemm(GemmKind::fprop, bf16, bf16, GemmTarget::cpu, 64, 64, 64).path == P::dense);
+}
+
+// The GPU GEMM decodes a QR_SCALE_BLOCK_TENSOR direction itself: (code * block scale) *
+// tensor_decode_factor(amax, numerator), the numerator being the owning format's descriptor
+// field tensor_scale_numerator (plugin_abi.h), found through Quantizer::direction_plugin. That
+// decode must be the plugin's dequantize bit for bit, for every such direction of every
+// shipped recipe (a sub-format's direction inside a composite format included).
+TEST_CASE("block-and-tensor directions decode with their format's tensor_scale_numerator as "
+          "their dequantize does") {
+  const char* root = std::getenv("QRECIPE_SOURCE_DIR");
+  REQUIRE_MESSAGE(root != nullptr, "QRECIPE_SOURCE_DIR is not set (run through ctest)");
+  auto reg = registry();
+  const std::int64_t rows = 48, cols = 80;  // several 16-element blocks per row and column
+  std::vector<std::uint16_t> src(static_cast<std::size_t>(rows * cols));
+  const auto normal = random_normal(src.size(), 31, 3.0f);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = num::f32_to_bf16(normal[i]);
+  int checked = 0, through_sub_format = 0;
+  for (const char* name : {"default", "float8_delayed", "mxfp8", "nvfp4", "blockwise",
+                           "hybrid_seed", "hybrid_fp8_mx"}) {
+    Engine engine(Recipe::load(std::string(root) + "/recipes/" + name + ".yaml"), reg);
+    for (const char* tensor_type : {"input", "weight", "grad_output"}) {
+      const auto q = engine.resolve({"linear", tensor_type, "layers.0.fc1"});
+      if (!q) continue;
+      const auto t = q->quantize(TensorView(src.data(), DType::bf16, {rows, cols}),
+                                 QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE);
+      for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+        const qr_direction_layout& l = t.layout(d);
+        const FormatPlugin& owner = q->direction_plugin(l);
+        CHECK(owner.name() == l.format);
+        if (l.scale_mode != QR_SCALE_BLOCK_TENSOR) continue;
+        CAPTURE(std::string(name) + " " + tensor_type + " " + direction_name(d));
+        // The engine's decoder knows E2M1 data with E4M3 block scales and one FP32 amax.
+        REQUIRE(l.data_dtype == QR_DTYPE_E2M1);
+        REQUIRE(l.scale_dtype == QR_DTYPE_E4M3);
+        REQUIRE(t.has_amax(d));
+        const float numerator = owner.tensor_scale_numerator();
+        REQUIRE(numerator > 0.0f);
+        const float factor = tensor_decode_factor(t.amax(d), numerator);
+        const auto* data = static_cast<const std::uint8_t*>(t.direction(d).data.data);
+        const auto* scales = static_cast<const std::uint8_t*>(t.direction(d).scale_inv.data);
+        const std::int64_t row_bytes = (l.data_shape[1] + 1) / 2;
+        const Tensor reference = q->dequantize(t, d);
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (std::int64_t c = 0; c < cols; ++c) {
+            const std::int64_t p = l.data_transposed ? c : r, s = l.data_transposed ? r : c;
+            const std::uint8_t byte = data[p * row_bytes + s / 2];
+            const float code = num::e2m1_to_f32((s & 1) ? byte >> 4 : byte & 0xF);
+            const std::int64_t bi = r / l.block_rows, bj = c / l.block_cols;
+            const float block = num::e4m3_to_f32(
+                scales[l.scale_transposed ? bj * l.scale_shape[1] + bi : bi * l.scale_shape[1] + bj]);
+            const float engine_decode = (code * block) * factor;
+            const float plugin_decode = reference.data_as<float>()[r * cols + c];
+            REQUIRE(num::float_bits(engine_decode) == num::float_bits(plugin_decode));
+          }
+        ++checked;
+        if (owner.name() != q->format()) ++through_sub_format;
+      }
+    }
+  }
+  if (!reg->find("nvfp4")) {
+    MESSAGE("not supported: no plugin with block-and-tensor directions built");
+    return;
+  }
+  // nvfp4.yaml: 3 tensors x 2 directions; hybrid_seed: nvfp4 columnwise sides of input and
+  // grad_output.
+  CHECK(checked >= 6);
+  if (reg->find("hybrid")) CHECK(through_sub_format >= 2);
+  CHECK(reg->get("nvfp4").tensor_scale_numerator() == 448.0f * 6.0f);
+  for (const char* other : {"float8", "mxfp8", "blockwise", "hybrid"})
+    if (auto p = reg->find(other)) CHECK(p->tensor_scale_numerator() == 0.0f);
 }
 
 TEST_CASE("OperandTraits reads block geometry along the contraction from the layout") {

@@ -1,4 +1,4 @@
-// Tests of recipes (engine/src/recipe/, DESIGN.md section 5, docs/recipes.md).
+// Tests of recipes (engine/src/recipe/, docs/recipes.md).
 //
 // Map:
 //   1. glob_match
@@ -292,14 +292,15 @@ TEST_CASE("unreadable file: qrecipe::Error naming the path and the OS reason") {
     CHECK_CONTAINS(std::string(e.what()), "cannot open recipe file '" + missing +
                                               "': No such file or directory");
   }
-  // A directory opens but cannot be read.
+  // A directory is refused before it is opened (tests/test_recipe_limits.cpp has the FIFO
+  // and device cases).
   const std::string directory = source_dir() + "/tests/recipes";
   try {
     Recipe::load(directory);
     FAIL("expected an error");
   } catch (const Error& e) {
-    CHECK_CONTAINS(std::string(e.what()), "cannot read recipe file '" + directory +
-                                              "': Is a directory");
+    CHECK_CONTAINS(std::string(e.what()), "recipe file '" + directory +
+                                              "' is not a regular file (a directory)");
   }
 }
 
@@ -337,7 +338,7 @@ TEST_CASE("unknown top-level key: lists the allowed keys") {
   const std::string path = fixture("bad_unknown_top_key.yaml");
   CHECK(std::string(load_error(path).what()) ==
         path + ":3:1: rule: unknown top-level key 'rule'; allowed keys: version, name, "
-               "description, defaults, rules; did you mean 'rules'?");
+               "description, defaults, rules, telemetry; did you mean 'rules'?");
 }
 
 TEST_CASE("rules that are not a list") {
@@ -350,7 +351,8 @@ TEST_CASE("rule without quantizer") {
   const std::string path = fixture("bad_rule_missing_quantizer.yaml");
   CHECK(std::string(load_error(path).what()) ==
         path + ":5:5: rules[1]: missing required key 'quantizer', e.g. "
-               "`quantizer: {format: float8}` (or `factory: package.module:function` to let a "
+               "`quantizer: {format: <name>}` (`qrecipe plugins` lists the formats) or "
+               "`quantizer: {format: none}` (or `factory: package.module:function` to let a "
                "Python function decide)");
 }
 
@@ -371,8 +373,8 @@ TEST_CASE("bad tensor_type value: points at the list item") {
 TEST_CASE("quantizer without format") {
   const std::string path = fixture("bad_quantizer_without_format.yaml");
   CHECK(std::string(load_error(path).what()) ==
-        path + ":5:7: rules[0].quantizer: missing required key 'format' (a format name such "
-               "as float8, or none)");
+        path + ":5:7: rules[0].quantizer: missing required key 'format' (a format name "
+               "`qrecipe plugins` lists, or none)");
 }
 
 TEST_CASE("a list as an option value") {
@@ -392,21 +394,22 @@ TEST_CASE("more structural problems, inline") {
         "r.yaml:3:1: a recipe file holds one YAML document, found 2; remove the extra '---'");
   CHECK(message("- version: 1\n") ==
         "r.yaml:1:1: a recipe is a YAML map with the keys version, name, description, "
-        "defaults, rules; got a list");
+        "defaults, rules, telemetry; got a list");
   CHECK(message("version: 1\nversion: 1\n") ==
         "r.yaml:2:1: version: duplicate key 'version'; keep only one");
   CHECK(message("version: 1\nname: [a, b]\n") ==
         "r.yaml:2:7: name: expected a string, got a list");
   CHECK(message("version: 1\ndefaults: float8\n") ==
         "r.yaml:2:11: defaults: a quantizer spec is a map with a 'format' key, e.g. "
-        "{format: float8} or {format: none}; got 'float8'");
+        "{format: <name>} or {format: none}; got 'float8'");
   CHECK(message("version: 1\ndefaults: {format: none, dtype: e4m3}\n") ==
         "r.yaml:2:33: defaults.dtype: format none keeps high precision and takes no options; "
         "remove 'dtype'");
   CHECK(message("version: 1\ndefaults: {format: float8, margin: }\n") ==
         "r.yaml:2:28: defaults.margin: option has no value; give one or remove the key");
   CHECK(message("version: 1\ndefaults: {format: [a]}\n") ==
-        "r.yaml:2:20: defaults.format: expected a format name (float8, ..., or none), got a list");
+        "r.yaml:2:20: defaults.format: expected a format name (one `qrecipe plugins` lists, "
+        "or none), got a list");
   CHECK(message("version: 1\nrules:\n  - quantizer: {format: none}\n") ==
         "r.yaml:3:5: rules[0]: missing required key 'match'; write `match: {}` to match every "
         "role");
@@ -435,8 +438,8 @@ TEST_CASE("several structural problems are reported together, first one's locati
   CHECK(std::string(e.what()) ==
         "r.yaml:3:13: rules[0].match.modul_type: unknown match key 'modul_type'; allowed keys: "
         "module_type, tensor_type, name; did you mean 'module_type'?\n"
-        "r.yaml:4:16: rules[0].quantizer: missing required key 'format' (a format name such as "
-        "float8, or none)\n"
+        "r.yaml:4:16: rules[0].quantizer: missing required key 'format' (a format name "
+        "`qrecipe plugins` lists, or none)\n"
         "r.yaml:1:1: missing required key 'version'; add `version: 1` (this build reads recipe "
         "version 1)\n"
         "(3 problems in all)");
@@ -613,14 +616,17 @@ TEST_CASE("validation: bool spellings, floats and signed integers") {
   CHECK(Recipe::parse("version: 1\ndefaults: {format: float8, pow2_scales: 1}\n")
             .check(registry()).size() == 1);
 
-  Recipe floats = Recipe::parse(
-      "version: 1\ndefaults: {format: float8, scaling: delayed, amax_epsilon: 1e-6, margin: "
-      "+2}\n");
+  // (amax_epsilon belongs to current scaling, margin to delayed: validation makes the
+  // quantizer, which refuses the two together.)
+  Recipe floats = Recipe::parse("version: 1\ndefaults: {format: float8, amax_epsilon: 1e-6}\n");
   floats.validate(registry());
   const OptionValue* epsilon = floats.defaults().find("amax_epsilon");
   CHECK(epsilon->type == QR_OPTION_FLOAT);
   CHECK(epsilon->float_value == 1e-6);  // from_chars rounds "1e-6" to the nearest double
-  CHECK(floats.defaults().find("margin")->int_value == 2);
+  Recipe signed_int =
+      Recipe::parse("version: 1\ndefaults: {format: float8, scaling: delayed, margin: +2}\n");
+  signed_int.validate(registry());
+  CHECK(signed_int.defaults().find("margin")->int_value == 2);
 
   for (const char* bad : {"abc", ".inf", "nan", "1e", "+-1", "0x10"}) {
     const auto errors = Recipe::parse(std::string("version: 1\ndefaults: {format: float8, "
@@ -744,11 +750,16 @@ TEST_CASE("validation: problems inside nested specs, and a hybrid nested in a hy
                "one of: e4m3, e5m2; did you mean 'e4m3'?");
   CHECK(std::string(errors[1].what()) ==
         path + ":8:19: rules[0].quantizer.columnwise: expected a nested quantizer spec such as "
-               "{format: float8}, got 'float8'");
+               "{format: <name>, ...}, got 'float8'");
   CHECK_STARTS_WITH(errors[2].what(),
-                    path + ":12:16: rules[1].quantizer.rowwise.format: nesting a hybrid in a "
-                           "hybrid: format 'hybrid' takes nested quantizers itself, so it cannot "
-                           "be one");
+                    path + ":12:16: rules[1].quantizer.rowwise.format: a nested spec cannot "
+                           "nest again: format 'hybrid' takes nested quantizers itself, so it "
+                           "cannot be one; use a format without quantizer options here (loaded: ");
+  // The formats it may use instead: the loaded ones without quantizer options.
+  const std::string message = errors[2].what();
+  const std::string listed = message.substr(message.find("(loaded: "));
+  CHECK_CONTAINS(listed, "float8");
+  CHECK(listed.find("hybrid") == std::string::npos);
 }
 
 // ---------------------------------------------------------------------------------------------

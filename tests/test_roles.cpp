@@ -124,8 +124,9 @@ TEST_CASE("malformed factory rules name the rule and what is allowed") {
         "f.yaml:3:53: rules[0].factory: a rule gives either 'quantizer' or 'factory', not both; "
         "keep one");
   CHECK_CONTAINS(parse_error("  - {match: {}}\n"),
-                 "rules[0]: missing required key 'quantizer', e.g. `quantizer: {format: float8}` "
-                 "(or `factory: package.module:function` to let a Python function decide)");
+                 "rules[0]: missing required key 'quantizer', e.g. `quantizer: {format: <name>}` "
+                 "(`qrecipe plugins` lists the formats) or `quantizer: {format: none}` (or "
+                 "`factory: package.module:function` to let a Python function decide)");
   CHECK(parse_error("  - {match: {}, factory: my_module}\n") ==
         "f.yaml:3:26: rules[0].factory: expected 'package.module:function' (a Python module to "
         "import and the function in it that decides each role), got 'my_module': no ':' between "
@@ -279,14 +280,23 @@ namespace {
 const char* kShared = R"(
 version: 1
 rules:
+  - match: {name: "shared.*", tensor_type: weight}
+    quantizer: {format: float8, scaling: delayed, amax_history_len: 4, share: w}
+  - match: {tensor_type: weight}
+    quantizer: {format: float8, scaling: delayed, amax_history_len: 4}
+)";
+// Share groups whose members cannot share: the recipe check makes every rule's quantizer for
+// every tensor type it matches in one engine, so these fail at check time (before, they
+// failed at the first use of the second member).
+const char* kSharedConflicts = R"(
+version: 1
+rules:
   - match: {name: "shared.*", tensor_type: [weight, grad_output]}
     quantizer: {format: float8, scaling: delayed, amax_history_len: 4, share: w}
   - match: {name: "other.*", tensor_type: weight}
     quantizer: {format: float8, scaling: delayed, amax_history_len: 8, share: w}
   - match: {name: "current.*"}
     quantizer: {format: float8, scaling: current, share: w}
-  - match: {tensor_type: weight}
-    quantizer: {format: float8, scaling: delayed, amax_history_len: 4}
 )";
 
 void quantize_amax(Quantizer& q, float amax) {
@@ -376,28 +386,29 @@ TEST_CASE("shared delayed scaling: checkpoints read and write the group as one s
   }
 }
 
-TEST_CASE("shared delayed scaling: different settings or no state to share are errors") {
+TEST_CASE("shared delayed scaling: different settings or no state to share fail the check") {
   if (!have_float8()) {
     MESSAGE("not supported: float8 plugin not built");
     return;
   }
-  Engine engine(Recipe::parse(kShared, "shared.yaml"));
-  engine.resolve(role("linear", "weight", "shared.a"));
-  CHECK_CONTAINS(error_text([&] { engine.resolve(role("linear", "weight", "other.x")); }),
-                 "the delayed-scaling state shared as 'w' was made by linear:weight@shared.a "
-                 "float8 with amax_history_len 4, amax_compute_algo max, margin 0, fp8 max 448, "
-                 "but linear:weight@other.x float8 asks for it with amax_history_len 8, "
-                 "amax_compute_algo max, margin 0, fp8 max 448; roles that share a state need "
-                 "the same delayed-scaling settings and FP8 dtype (or another share name)");
-  // A gradient's default dtype is E5M2: another fp8 max.
-  CHECK_CONTAINS(error_text([&] { engine.resolve(role("linear", "grad_output", "shared.a")); }),
-                 "but linear:grad_output@shared.a float8 asks for it with amax_history_len 4, "
-                 "amax_compute_algo max, margin 0, fp8 max 57344");
-  CHECK(error_text([&] { engine.resolve(role("linear", "input", "current.x")); }) ==
-        "shared.yaml:9:16: share: float8{scaling=current, share=w} keeps no scaling state, so "
-        "there is nothing to share under 'w' (share names a delayed-scaling state); remove "
-        "'share', or give it to a spec with delayed scaling");
-  CHECK(engine.scaling_states().size() == 1);  // the failed roles left no state behind
+  const Recipe recipe = Recipe::parse(kSharedConflicts, "shared.yaml");
+  std::string all;
+  for (const auto& e : recipe.check(*Registry::shared())) all += std::string(e.what()) + "\n";
+  INFO(all);
+  // A gradient's default dtype is E5M2: another fp8 max than the weight's.
+  CHECK_CONTAINS(all, "shared.yaml:5:16: rules[0].quantizer: ");
+  CHECK_CONTAINS(all, "the delayed-scaling state shared as 'w' was made by linear:weight@shared.* "
+                      "float8 with amax_history_len 4, amax_compute_algo max, margin 0, fp8 max "
+                      "448, but linear:grad_output@shared.* float8 asks for it with "
+                      "amax_history_len 4, amax_compute_algo max, margin 0, fp8 max 57344; roles "
+                      "that share a state need the same delayed-scaling settings and FP8 dtype "
+                      "(or another share name)");
+  CHECK_CONTAINS(all, "shared.yaml:7:16: rules[1].quantizer: ");
+  CHECK_CONTAINS(all, "asks for it with amax_history_len 8, amax_compute_algo max, margin 0, "
+                      "fp8 max 448");
+  CHECK_CONTAINS(all, "shared.yaml:9:16: ");
+  CHECK_CONTAINS(all, "keeps no scaling state, so there is nothing to share under 'w'");
+  CHECK_THROWS_AS(Engine(Recipe::parse(kSharedConflicts, "shared.yaml")), RecipeError);
 }
 
 // ---------------------------------------------------------------- 6. coverage

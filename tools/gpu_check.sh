@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The one script for a GPU machine: build with CUDA, run every C++ suite (test_gpu_parity
-# included: CUDA == CPU bit for bit) and the quantize benchmark.
+# included: CUDA == CPU bit for bit), the benchmarks, the training demo on the GPU and the
+# README's pip install path.
 #
-#   tools/gpu_check.sh [configure|build|test|bench|grouped|llama|tp|fsdp|all]...
-#                                         (default: all = build test bench llama tp fsdp)
+#   tools/gpu_check.sh [configure|build|test|bench|demo|llama|tp|fsdp|optim|grouped|pip|all]...
+#                                     (default: all = build test bench demo llama tp fsdp pip)
 #
 #   configure  unpack .deps and configure only (build does this too when needed)
 #   build      unpack, configure unless $BUILD_DIR/CMakeCache.txt exists, build everything
@@ -18,8 +19,21 @@
 #   bench      bench_quantize --out $OUT/bench.json, bench_gemm --out $OUT/bench_gemm.json,
 #              bench/bench_linear.py --out $OUT/bench_linear.json and
 #              bench/bench_grouped_linear.py --out $OUT/bench_grouped_linear.json and
-#              bench/bench_fsdp.py --out $OUT/bench_fsdp.json (world size 1) (when the
-#              adapter is built)
+#              bench/bench_fsdp.py --out $OUT/bench_fsdp.json (world size 1) and
+#              bench/bench_optimizer.py --out $OUT/bench_optimizer.json and
+#              bench/bench_telemetry.py --out $OUT/bench_telemetry.json (when the adapter is
+#              built)
+#   demo       examples/char_lm_demo.py --device cuda (the demo of tools/demo.sh at its GPU size:
+#              1000 steps of a 4-block GPT) under recipes/default.yaml (native FP8 on Hopper),
+#              mxfp8.yaml and nvfp4.yaml (emulated there) next to a BF16 baseline; its table,
+#              sample and $OUT/demo/char_lm_loss.png (skipped without the adapter). Needs tqdm
+#              and matplotlib: when python3 lacks them they are installed offline from .whl/
+#              (git-ignored; carry it), filled beforehand on a machine with network by
+#                pip download --only-binary=:all: --python-version 3.12 --no-deps \
+#                  --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
+#                  -d .whl tqdm==4.70.1 matplotlib==3.10.8 contourpy==1.3.3 \
+#                  cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1 pillow==13.0.0 \
+#                  pyparsing==3.3.2 python-dateutil==2.9.0.post0 six==1.17.0 packaging==26.2
 #   llama      bench/bench_hf_llama.py --out $OUT/bench_hf_llama.json: a Hugging Face Llama
 #              step with Llama-3-8B layer shapes, BF16 / torchao / qrecipe, eager and compiled
 #              (needs the adapter and transformers; skipped, not failed, without them)
@@ -31,6 +45,21 @@
 #              per recipe against BF16 FSDP2 + AdamW(fused), bytes all-gathered and
 #              reduce-scattered, peak memory, and the world-size-N vs one-GPU equality check
 #              (about 2 minutes on 2 H100s); skipped when fewer than 2 GPUs are visible
+#   optim      the optimizer's GPU checks alone, after the build stage (about a minute on an
+#              H100): ctest test_gpu_optim (qrecipe::adam_step on CUDA == on the CPU, bit for
+#              bit: every format's fused kernels, the two-pass path, plain tensors, capturable),
+#              pytest tests/python/test_optim_cuda.py (qrecipe.optim.FusedAdam on CUDA == on the
+#              CPU under every shipped recipe, CUDA-graph replay) and bench/bench_optimizer.py
+#              --out $OUT/bench_optimizer.json (fused step vs its byte floor, vs
+#              torch.optim.AdamW(fused=True) + quantize per parameter, vs TE's order), its
+#              table in $OUT/optim.md. The test and bench stages run the same suites among
+#              the others.
+#   pip        the README's install path (issue 23): `pip install --no-build-isolation` of the
+#              repository into a fresh --target directory ($BUILD_DIR-pip-target; its CMake
+#              build in $BUILD_DIR-pip, kept between calls), then tests/check_library_exports.sh
+#              on the installed libraries (shared libstdc++, API-only exports) and, with only
+#              that directory on PYTHONPATH, tools/pip_smoke.py: a CUDA qrecipe.nn.Linear
+#              forward+backward and a GroupedLinear forward under every shipped recipe
 #
 # It needs nvcc, cmake (>= 3.24), ninja (or make) and python3 on the machine, and the Debian
 # packages of the other dependencies in .deps/ (libyaml-cpp-dev, libyaml-cpp0.7,
@@ -58,8 +87,12 @@
 #   BENCH_FSDP_ARGS      extra arguments for bench_fsdp.py in the bench stage (world size 1)
 #   FSDP_WORLD           GPUs the fsdp stage runs on (default 2)
 #   FSDP_ARGS            extra arguments for bench_fsdp.py in the fsdp stage
+#   DEMO_ARGS            arguments for char_lm_demo.py instead of the three recipes (e.g.
+#                        "--recipe recipes/default.yaml --steps 300")
+#   BENCH_OPTIMIZER_ARGS extra arguments for bench_optimizer.py (e.g. "--recipes default,mxfp8")
 #   QRECIPE_GPU_PYTHON   0: do not build the PyTorch adapter (default: built when python3 has
-#                        a CUDA torch; then the test stage also runs pytest tests/python)
+#                        a CUDA torch; then the test stage also runs pytest tests/python).
+#                        The pip stage needs a CUDA torch whatever this says
 #   CMAKE_ARGS           extra arguments for the configure step
 #   QRECIPE_COMMIT       recorded in bench.json (default: git rev-parse HEAD, or "unknown")
 #
@@ -85,10 +118,10 @@ MULTIARCH=x86_64-linux-gnu
 
 stages=("$@")
 [[ ${#stages[@]} -eq 0 ]] && stages=(all)
-if [[ " ${stages[*]} " == *" all "* ]]; then stages=(build test bench llama tp fsdp); fi
+if [[ " ${stages[*]} " == *" all "* ]]; then stages=(build test bench demo llama tp fsdp pip); fi
 for s in "${stages[@]}"; do
-  case $s in configure|build|test|bench|grouped|llama|tp|fsdp) ;;
-    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, grouped, llama, tp, fsdp, all)" >&2
+  case $s in configure|build|test|bench|demo|llama|tp|fsdp|optim|grouped|pip) ;;
+    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, demo, llama, tp, fsdp, optim, grouped, pip, all)" >&2
        exit 2 ;;
   esac
 done
@@ -204,37 +237,23 @@ find_cutlass_include() {
   [[ -f $c/cutlass/cutlass.h ]] && echo "$c"
 }
 
-# Some GPU images carry a compiler (e.g. /opt/gcc) that has libstdc++.a but no libstdc++.so,
-# so g++ links the C++ runtime statically into every library. libqrecipe.so loaded into a
-# Python process that already holds the shared libstdc++ (torch's) then runs two copies of it
-# (iostream locale state included) and crashes. A directory holding only a libstdc++.so link
-# to the system's shared runtime, first on the linker's path, makes every link use it.
-libstdcxx_link_flags() {
-  local runtime
-  runtime=$(ls /lib/$MULTIARCH/libstdc++.so.6 /usr/lib/$MULTIARCH/libstdc++.so.6 2>/dev/null | head -n 1)
-  if [[ -z $runtime ]]; then echo "warning: no shared libstdc++.so.6 found" >&2; return 0; fi
-  mkdir -p "$DEPS/libstdcxx-link" && ln -sf "$runtime" "$DEPS/libstdcxx-link/libstdc++.so"
-  echo "-L$DEPS/libstdcxx-link"
-}
-
-configure() {
-  local nvcc cublas generator=() link_flags
+find_nvcc() {
+  local nvcc
   nvcc=$(command -v nvcc || true)
   [[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
-  if [[ -z $nvcc ]]; then echo "nvcc not found (PATH or /usr/local/cuda/bin)"; return 1; fi
-  cublas=$(find_cublaslt_include)
-  echo "nvcc: $nvcc"
-  echo "cublasLt.h: ${cublas:-not found (configure will say what to do)}"
-  local cutlass
-  cutlass=$(find_cutlass_include)
-  echo "CUTLASS headers: ${cutlass:-not found (no grouped GEMM kernels in this build)}"
-  command -v ninja >/dev/null && generator=(-G Ninja)
-  link_flags=$(libstdcxx_link_flags)
-  echo "C++ runtime linked through: ${link_flags:-compiler default}"
+  echo "$nvcc"
+}
+
+# The -D arguments every configure of this machine needs (the build stage's and the pip
+# stage's): CUDA, the architectures and where the unpacked dependencies are (CUTLASS's headers
+# for the grouped GEMM kernels included). The C++ runtime needs none: CMake links the shared
+# libstdc++ itself (cmake/QrecipeRuntime.cmake), whatever the compiler's default, and stops at
+# configure time if it cannot.
+dependency_args() {
+  local nvcc=$1 cublas=$2
   local args=(
-    -S "$root" -B "$BUILD_DIR" "${generator[@]}"
     -DCMAKE_BUILD_TYPE=RelWithDebInfo
-    -DQRECIPE_CUDA=ON -DQRECIPE_PYTHON="$(python_adapter)"
+    -DQRECIPE_CUDA=ON
     -DCMAKE_CUDA_COMPILER="$nvcc"
     -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCHS"
     -DCMAKE_PREFIX_PATH="$DEPS/usr"
@@ -245,11 +264,27 @@ configure() {
     -DBoost_DIR="$DEPS/usr/lib/$MULTIARCH/cmake/Boost-1.74.0"
     -DBoost_INCLUDE_DIR="$DEPS/usr/include"
     -DBOOST_ROOT="$DEPS/usr"
-    -DCMAKE_SHARED_LINKER_FLAGS="$link_flags" -DCMAKE_MODULE_LINKER_FLAGS="$link_flags"
-    -DCMAKE_EXE_LINKER_FLAGS="$link_flags"
   )
   [[ -n $cublas ]] && args+=(-DQRECIPE_CUBLASLT_INCLUDE_DIR="$cublas")
+  local cutlass
+  cutlass=$(find_cutlass_include)
   [[ -n $cutlass ]] && args+=(-DQRECIPE_CUTLASS_INCLUDE_DIR="$cutlass")
+  printf '%s\n' "${args[@]}"
+}
+
+configure() {
+  local nvcc cublas generator=()
+  nvcc=$(find_nvcc)
+  if [[ -z $nvcc ]]; then echo "nvcc not found (PATH or /usr/local/cuda/bin)"; return 1; fi
+  cublas=$(find_cublaslt_include)
+  echo "nvcc: $nvcc"
+  echo "cublasLt.h: ${cublas:-not found (configure will say what to do)}"
+  local cutlass
+  cutlass=$(find_cutlass_include)
+  echo "CUTLASS headers: ${cutlass:-not found (no grouped GEMM kernels in this build)}"
+  command -v ninja >/dev/null && generator=(-G Ninja)
+  local args=(-S "$root" -B "$BUILD_DIR" "${generator[@]}" -DQRECIPE_PYTHON="$(python_adapter)")
+  mapfile -t -O "${#args[@]}" args < <(dependency_args "$nvcc" "$cublas")
   # shellcheck disable=SC2206  # CMAKE_ARGS is a list of words on purpose
   [[ -n ${CMAKE_ARGS:-} ]] && args+=(${CMAKE_ARGS})
   echo "cmake ${args[*]}"
@@ -370,6 +405,14 @@ do_bench() {
       # shellcheck disable=SC2086  # BENCH_FSDP_ARGS is a list of words on purpose
       PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_fsdp.py" \
         --out "$OUT/bench_fsdp.json" ${BENCH_FSDP_ARGS:-} || rc=1
+      # qrecipe.optim.FusedAdam on ~1B quantized parameters per weight format, against its
+      # byte floor, TE's order and torch AdamW + quantize (bench/bench_optimizer.py).
+      # shellcheck disable=SC2086  # BENCH_OPTIMIZER_ARGS is a list of words on purpose
+      PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_optimizer.py" \
+        --out "$OUT/bench_optimizer.json" ${BENCH_OPTIMIZER_ARGS:-} || rc=1
+      # What qrecipe.telemetry costs off and on (bench/bench_telemetry.py).
+      PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_telemetry.py" \
+        --out "$OUT/bench_telemetry.json" || rc=1
     fi
   fi
   merge_results || rc=1
@@ -381,11 +424,38 @@ do_bench() {
 merge_results() {
   local parts=()
   for f in bench.json bench_gemm.json bench_linear.json bench_grouped_linear.json \
-           bench_hf_llama.json bench_tp.json bench_fsdp.json "bench_fsdp_ws${FSDP_WORLD:-2}.json"; do
+           bench_optimizer.json bench_hf_llama.json bench_tp.json bench_fsdp.json \
+           "bench_fsdp_ws${FSDP_WORLD:-2}.json"; do
     [[ -f $OUT/$f ]] && parts+=("$OUT/$f")
   done
   [[ ${#parts[@]} -eq 0 ]] && return 0
   python3 "$root/tools/bench_table.py" --merge "$OUT/results.json" "${parts[@]}" >"$OUT/results.md"
+}
+
+# ---------------------------------------------------------------- demo
+
+# The training demo on the GPU: every run must train and its loss fall (the demo's exit status).
+do_demo() {
+  runtime_env
+  if ! has_adapter; then echo "demo: the adapter was not built (no CUDA torch)"; return $SKIPPED; fi
+  if ! python3 -c 'import tqdm, matplotlib' 2>/dev/null; then
+    shopt -s nullglob
+    local wheels=("$root"/.whl/*.whl)
+    shopt -u nullglob
+    if [[ ${#wheels[@]} -eq 0 ]]; then
+      echo "demo: python3 lacks tqdm or matplotlib and $root/.whl holds no wheels: download" \
+           "them there (the pip download command in this script's header) and carry .whl"
+      return 1
+    fi
+    echo "--- installing tqdm and matplotlib from .whl (offline)"
+    python3 -m pip install --no-index --find-links "$root/.whl" tqdm matplotlib || return 1
+  fi
+  local args
+  # shellcheck disable=SC2206  # DEMO_ARGS is a list of words on purpose
+  args=(${DEMO_ARGS:---recipe recipes/default.yaml recipes/mxfp8.yaml recipes/nvfp4.yaml})
+  echo "--- python3 examples/char_lm_demo.py --device cuda --out $OUT/demo ${args[*]}"
+  PYTHONPATH="$BUILD_DIR/python" python3 "$root/examples/char_lm_demo.py" --device cuda \
+    --out "$OUT/demo" "${args[@]}"
 }
 
 # ---------------------------------------------------------------- llama
@@ -507,6 +577,107 @@ do_grouped() {
   return $rc
 }
 
+# ---------------------------------------------------------------- optim
+
+# The optimizer alone: its CUDA == CPU suites, then its benchmark (targets are reported by
+# bench_optimizer.py, not asserted: a missed target does not fail the stage).
+do_optim() {
+  runtime_env
+  if [[ ! -f $BUILD_DIR/CTestTestfile.cmake ]]; then echo "no build in $BUILD_DIR: run the build stage first"; return 1; fi
+  if ! has_adapter; then
+    echo "the PyTorch adapter was not built in $BUILD_DIR (no CUDA torch, or QRECIPE_GPU_PYTHON=0):" \
+         "the optim stage needs it for pytest and bench_optimizer.py"
+    return 1
+  fi
+  local rc=0 t0=$SECONDS
+  echo "--- ctest test_gpu_optim"
+  (cd "$BUILD_DIR" && ctest -R '^test_gpu_optim$' --output-on-failure --timeout 600 -V) || rc=1
+  echo "--- ctest took $((SECONDS - t0)) s"; t0=$SECONDS
+  echo "--- pytest tests/python/test_optim_cuda.py"
+  PYTHONPATH="$BUILD_DIR/python" python3 -m pytest -q -p no:cacheprovider -rs \
+    "$root/tests/python/test_optim_cuda.py" || rc=1
+  echo "--- pytest took $((SECONDS - t0)) s"; t0=$SECONDS
+  [[ -n ${QRECIPE_COMMIT:-} ]] || QRECIPE_COMMIT=$(git -C "$root" rev-parse --verify -q HEAD 2>/dev/null || echo unknown)
+  export QRECIPE_COMMIT
+  echo "--- bench/bench_optimizer.py"
+  # shellcheck disable=SC2086  # BENCH_OPTIMIZER_ARGS is a list of words on purpose
+  PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_optimizer.py" \
+    --out "$OUT/bench_optimizer.json" ${BENCH_OPTIMIZER_ARGS:-} || rc=1
+  echo "--- bench took $((SECONDS - t0)) s"
+  if [[ -f $OUT/bench_optimizer.json ]]; then
+    python3 "$root/tools/bench_table.py" "$OUT/bench_optimizer.json" >"$OUT/optim.md" || rc=1
+  fi
+  return $rc
+}
+
+# ---------------------------------------------------------------- pip
+
+# `pip install --no-build-isolation` imports the build backend (scikit-build-core) from this
+# python3, and a GPU machine cannot reach an index: without it, install the wheels carried in
+# .deps/wheels (`pip download --no-deps -d .deps/wheels scikit-build-core==1.1.2 packaging
+# pathspec tomli exceptiongroup typing_extensions`, pure-Python wheels) into $BUILD_DIR-pip-tools
+# and put that on PYTHONPATH, leaving the machine's site-packages alone.
+ensure_build_backend() {
+  if python3 -c 'import scikit_build_core' 2>/dev/null; then
+    echo "scikit-build-core: $(python3 -c 'import scikit_build_core as s; print(s.__version__, s.__file__)')"
+    return 0
+  fi
+  local tools=$BUILD_DIR-pip-tools
+  shopt -s nullglob
+  local wheels=("$root"/.deps/wheels/scikit_build_core-*.whl)
+  shopt -u nullglob
+  if [[ ${#wheels[@]} -eq 0 ]]; then
+    echo "python3 has no scikit-build-core (pip install --no-build-isolation needs it) and" \
+         "$root/.deps/wheels holds no scikit_build_core-*.whl to install offline; on a machine" \
+         "with an index run: pip download --no-deps -d .deps/wheels scikit-build-core==1.1.2" \
+         "packaging pathspec tomli exceptiongroup typing_extensions, and carry .deps"
+    return 1
+  fi
+  echo "--- scikit-build-core from $root/.deps/wheels into $tools"
+  rm -rf "$tools"
+  python3 -m pip install -q --no-index --find-links "$root/.deps/wheels" --target "$tools" \
+    scikit-build-core || return 1
+  export PYTHONPATH="$tools${PYTHONPATH:+:$PYTHONPATH}"
+  python3 -c 'import scikit_build_core as s; print("scikit-build-core:", s.__version__, s.__file__)' \
+    || return 1
+}
+
+# Exactly the README's install path, on this machine's python3 and CUDA torch: a fresh target
+# directory, `pip install --no-build-isolation` of the repository (scikit-build-core runs the
+# same CMake, with the dependency arguments of the build stage), then checks that use only the
+# installed files.
+do_pip() {
+  print_env
+  echo "--- dependencies"
+  unpack_deps || return 1
+  runtime_env  # libyaml-cpp.so.0.7 at run time, as the README says a user needs it
+  if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    echo "the pip stage needs python3 with a CUDA torch (the adapter is built against it)"
+    return 1
+  fi
+  ensure_build_backend || return 1
+  local nvcc cublas target=$BUILD_DIR-pip-target
+  nvcc=$(find_nvcc)
+  if [[ -z $nvcc ]]; then echo "nvcc not found (PATH or /usr/local/cuda/bin)"; return 1; fi
+  cublas=$(find_cublaslt_include)
+  local cmake_args
+  cmake_args=$(dependency_args "$nvcc" "$cublas" | paste -sd ';')
+  rm -rf "$target"
+  echo "--- pip install --no-build-isolation --target $target (CMake build in $BUILD_DIR-pip)"
+  echo "SKBUILD_CMAKE_ARGS=$cmake_args"
+  QRECIPE_CUDA=ON SKBUILD_CMAKE_ARGS="$cmake_args" SKBUILD_BUILD_DIR="$BUILD_DIR-pip" \
+    CMAKE_BUILD_PARALLEL_LEVEL="$BUILD_JOBS" \
+    python3 -m pip install -v --no-build-isolation --target "$target" "$root" || return 1
+  echo "--- installed: $(ls "$target/qrecipe" | tr '\n' ' ')"
+  local rc=0
+  echo "--- exports and C++ runtime of the installed libraries (tests/check_library_exports.sh)"
+  bash "$root/tests/check_library_exports.sh" "$target/qrecipe" || rc=1
+  echo "--- smoke test with only $target on PYTHONPATH (tools/pip_smoke.py)"
+  (cd "$OUT" && PYTHONPATH="$target" python3 "$root/tools/pip_smoke.py" --device cuda \
+     --expect-under "$target") || rc=1
+  return $rc
+}
+
 # ---------------------------------------------------------------- summary
 
 print_summary() {
@@ -538,6 +709,25 @@ print_summary() {
     grep -E '^bench_grouped_linear.py took' "$OUT/grouped.log" | sed 's/^/  /'
     [[ -f $OUT/bench_grouped_linear.md ]] && { echo; cat "$OUT/bench_grouped_linear.md"; }
   fi
+  if [[ -f $OUT/demo.log && " ${summary_order[*]} " == *" demo "* ]]; then
+    # The demo's table of losses and its time (tqdm's bars stay in demo.log).
+    echo
+    awk '/^final loss/{on=1} /^sample from/{on=0} on' "$OUT/demo.log"
+    grep -E '^total training time|^FAILED' "$OUT/demo.log" || true
+  fi
+  if [[ -f $OUT/optim.log && " ${summary_order[*]} " == *" optim "* ]]; then
+    # The optimizer stage: the CUDA == CPU suites' totals, the per-format benchmark lines and
+    # their targets.
+    echo
+    echo "optim:"
+    grep -E 'MESSAGE: |ERROR: |\[doctest\] (test cases|assertions)|[0-9]+ (passed|failed|skipped|errors?).* in [0-9.]+s|took [0-9]+ s|grads: |^targets|^ +(meets|BELOW)|copy bandwidth' \
+      "$OUT/optim.log" | sed -E 's/^.*(MESSAGE|ERROR): /  \1: /' | head -n 80
+  fi
+  if [[ -f $OUT/pip.log && " ${summary_order[*]} " == *" pip "* ]]; then
+    echo
+    echo "pip install path:"
+    grep -E '^(ok |FAIL|pip smoke test passed|qrecipe from|C\+\+ runtime)' "$OUT/pip.log" | sed 's/^/  /'
+  fi
   if [[ -f $OUT/results.md && " ${summary_order[*]} " =~ \ (bench|llama|tp)\  ]]; then
     # Every benchmark record of this run (quantize, GEMM, Linear step), last.
     echo
@@ -553,9 +743,12 @@ for s in "${stages[@]}"; do
     test) stage test do_test || failed=1 ;;
     bench) stage bench do_bench || failed=1 ;;
     grouped) stage grouped do_grouped || failed=1 ;;
+    demo) stage demo do_demo || failed=1 ;;
     llama) stage llama do_llama || failed=1 ;;
     tp) stage tp do_tp || failed=1 ;;
     fsdp) stage fsdp do_fsdp || failed=1 ;;
+    optim) stage optim do_optim || failed=1 ;;
+    pip) stage pip do_pip || failed=1 ;;
   esac
 done
 print_summary

@@ -3,8 +3,9 @@
 
   python3 tools/ptx_compare.py --base main [--tree .] [--arch sm_90a] FILE.cu [FILE.cu ...]
 
-Each FILE.cu (a path in the repository; files that exist on one side only are compiled on that
-side only) is compiled with `nvcc -ptx` and the plugins' flags (QrecipeCompileFlags.cmake:
+Each FILE.cu (a path in the repository, a plugin's or the engine's own under engine/src; files
+that exist on one side only are compiled on that side only) is compiled with `nvcc -ptx` and
+the plugins' flags (QrecipeCompileFlags.cmake:
 -fmad=false --ftz=false --prec-div=true --prec-sqrt=true) at BASE (exported with git archive)
 and in the tree. Every function (.entry / .func) is then normalized: its own name, the
 anonymous-namespace and file-internal hashes in names, mangled names it refers to (callees,
@@ -45,7 +46,8 @@ FLOAT = re.compile(r"(add|sub|mul|fma|div|rcp|min|max|abs|neg|setp)\.(\w+\.)*(f3
 
 
 def compile_ptx(root, path, arch, out):
-    cmd = ["nvcc", "-ptx", "-arch=" + arch, "-I", os.path.join(root, "engine/include")] + FLAGS
+    cmd = ["nvcc", "-ptx", "-arch=" + arch, "-I", os.path.join(root, "engine/include"),
+           "-I", os.path.join(root, "engine/src")] + FLAGS  # engine/src: the engine's own .cu
     subprocess.run(cmd + ["-o", out, os.path.join(root, path)], check=True)
     return open(out).read()
 
@@ -110,7 +112,8 @@ def main():
         base_root = os.path.join(tmp, "base")
         os.makedirs(base_root)
         archive = subprocess.run(["git", "-C", tree, "archive", args.base, "engine/include",
-                                  "plugins"], check=True, capture_output=True).stdout
+                                  "engine/src", "plugins"], check=True,
+                                 capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", base_root], input=archive, check=True)
         sides = {}
         for side, root in (("base", base_root), ("tree", tree)):

@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # Installs what a fresh machine lacks to build and test qrecipe. Idempotent: a second run
 # checks and returns in seconds. Pins are exact so every machine builds the same thing.
-#   apt : yaml-cpp (recipes), Boost (Boost.DLL plugin loading), doctest (C++ tests)
+#   apt : yaml-cpp (recipes), Boost (Boost.DLL plugin loading), doctest (C++ tests), clang
+#         with its runtimes (libFuzzer, ASan/UBSan/TSan: the sanitizer, fuzz and TSan stages)
 #   pip : torch (CPU build, for the adapter), pytest, scikit-build-core (pip install of the
-#         adapter), cuBLASLt headers (CUDA build, compile only here), CUTLASS headers (the
+#         adapter), tqdm and matplotlib (the training demo's progress bar and loss plot),
+#         cuBLASLt headers (CUDA build, compile only here), CUTLASS headers (the
 #         nvidia-cutlass wheel: the grouped GEMMs of CUDA builds, docs/gemm.md; installed
 #         without its Python dependencies, only its headers are used)
 set -euo pipefail
 
-APT_PACKAGES=(libyaml-cpp-dev libboost-dev doctest-dev)
+APT_PACKAGES=(libyaml-cpp-dev libboost-dev doctest-dev clang libclang-rt-dev)
 PIP_PINS=("nvidia-cublas==13.1.0.3")
 # Header-only use: --no-deps keeps its Python runtime (cuda-python, ...) off the machine.
 NODEPS_PINS=("nvidia-cutlass==4.2.0.0")
 if [[ "${QRECIPE_SETUP_TORCH:-1}" == 1 ]]; then
   # scikit-build-core: `pip install --no-build-isolation .` of the adapter (pyproject.toml)
   PIP_PINS+=("torch==2.13.0" "pytest==8.3.3" "numpy>=1.26,<3" "scikit-build-core==1.1.2")
+  # examples/char_lm_demo.py (tools/demo.sh, and its short mode in tools/test.sh)
+  PIP_PINS+=("tqdm==4.70.1" "matplotlib==3.10.8")
 fi
 
 missing=()

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "args.hpp"
 #include "qrecipe/conversions.hpp"
 #include "qrecipe/engine.hpp"
 
@@ -34,17 +35,18 @@ constexpr const char* kUsage =
     "  qrecipe recipe explain FILE --module TYPE:NAME[:IN:OUT] [--module ...]\n"
     "                         [--tokens N] [--device cpu|sm90]\n"
     "  qrecipe quantize --format FORMAT [--option KEY=VALUE ...] [--shape ROWSxCOLS]\n"
-    "                   [--seed N] [--tensor-type input|weight|grad_output]\n";
+    "                   [--seed N] [--tensor-type input|weight|grad_output]\n"
+    "                   (at most 2^30 elements: the data is made and quantized in memory)\n";
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using cli::parse_positive;
+using cli::parse_shape;
+using cli::UsageError;
 
 int cmd_plugins(const std::vector<std::string>& args) {
   bool verbose = false;
   for (const auto& a : args) {
     if (a == "-v" || a == "--verbose") verbose = true;
-    else throw UsageError("unknown argument '" + a + "' for `qrecipe plugins`");
+    else throw UsageError("unknown argument '" + printable(a) + "' for `qrecipe plugins`");
   }
   const auto registry = Registry::shared();
   if (verbose) {
@@ -125,16 +127,6 @@ int cmd_recipe_check(const std::vector<std::string>& args) {
   return 0;
 }
 
-std::int64_t parse_positive(const std::string& s, const std::string& what) {
-  try {
-    std::size_t used = 0;
-    const long long v = std::stoll(s, &used);
-    if (used == s.size() && v > 0) return v;
-  } catch (const std::exception&) {
-  }
-  throw UsageError(what + " expects a positive integer, got '" + s + "'");
-}
-
 // "linear:layers.0.fc1[:IN:OUT]" -> {linear, layers.0.fc1, IN, OUT}
 ModuleArg parse_module(const std::string& s) {
   std::vector<std::string> parts;
@@ -149,7 +141,7 @@ ModuleArg parse_module(const std::string& s) {
   }
   parts.push_back(cur);
   if ((parts.size() != 2 && parts.size() != 4) || parts[0].empty())
-    throw UsageError("--module expects TYPE:NAME or TYPE:NAME:IN:OUT (e.g. linear:layers.0.fc1:4096:11008), got '" + s + "'");
+    throw UsageError("--module expects TYPE:NAME or TYPE:NAME:IN:OUT (e.g. linear:layers.0.fc1:4096:11008), got '" + printable(s) + "'");
   ModuleArg m{parts[0], parts[1]};
   if (parts.size() == 4) {
     m.in_features = parse_positive(parts[2], "--module IN");
@@ -181,7 +173,7 @@ int cmd_recipe_explain(const std::vector<std::string>& args) {
     } else if (file.empty()) {
       file = args[i];
     } else {
-      throw UsageError("unexpected argument '" + args[i] + "'");
+      throw UsageError("unexpected argument '" + printable(args[i]) + "'");
     }
   }
   if (file.empty()) throw UsageError("`qrecipe recipe explain` needs a recipe FILE");
@@ -224,23 +216,6 @@ int cmd_recipe_explain(const std::vector<std::string>& args) {
   return 0;
 }
 
-// "2048x512" -> {2048, 512}
-std::pair<std::int64_t, std::int64_t> parse_shape(const std::string& s) {
-  const auto x = s.find('x');
-  try {
-    if (x == std::string::npos) throw std::invalid_argument("no x");
-    std::size_t used = 0;
-    const long long r = std::stoll(s.substr(0, x), &used);
-    if (used != x) throw std::invalid_argument("rows");
-    const std::string cs = s.substr(x + 1);
-    const long long c = std::stoll(cs, &used);
-    if (used != cs.size() || r < 0 || c < 0) throw std::invalid_argument("cols");
-    return {r, c};
-  } catch (const std::exception&) {
-    throw UsageError("--shape expects ROWSxCOLS (e.g. 1024x1024), got '" + s + "'");
-  }
-}
-
 int cmd_quantize(const std::vector<std::string>& args) {
   QuantizerSpec spec;
   spec.format.clear();
@@ -258,23 +233,18 @@ int cmd_quantize(const std::vector<std::string>& args) {
       const std::string kv = value("--option");
       const auto eq = kv.find('=');
       if (eq == std::string::npos || eq == 0)
-        throw UsageError("--option expects KEY=VALUE, got '" + kv + "'");
+        throw UsageError("--option expects KEY=VALUE, got '" + printable(kv) + "'");
       OptionValue v = OptionValue::of_string(kv.substr(eq + 1));
       v.location.file = "--option " + kv;
       spec.options.emplace_back(kv.substr(0, eq), std::move(v));
     } else if (args[i] == "--shape") {
       std::tie(rows, cols) = parse_shape(value("--shape"));
     } else if (args[i] == "--seed") {
-      const std::string s = value("--seed");
-      try {
-        seed = std::stoull(s);
-      } catch (const std::exception&) {
-        throw UsageError("--seed expects a non-negative integer, got '" + s + "'");
-      }
+      seed = cli::parse_unsigned(value("--seed"), "--seed");
     } else if (args[i] == "--tensor-type") {
       tensor_type = value("--tensor-type");
     } else {
-      throw UsageError("unknown argument '" + args[i] + "' for `qrecipe quantize`");
+      throw UsageError("unknown argument '" + printable(args[i]) + "' for `qrecipe quantize`");
     }
   }
   if (spec.format.empty()) throw UsageError("`qrecipe quantize` needs --format");
@@ -332,9 +302,9 @@ int dispatch(const std::vector<std::string>& argv) {
     const std::vector<std::string> sub(rest.begin() + 1, rest.end());
     if (rest[0] == "check") return cmd_recipe_check(sub);
     if (rest[0] == "explain") return cmd_recipe_explain(sub);
-    throw UsageError("unknown subcommand `qrecipe recipe " + rest[0] + "`");
+    throw UsageError("unknown subcommand `qrecipe recipe " + printable(rest[0]) + "`");
   }
-  throw UsageError("unknown command '" + cmd + "'");
+  throw UsageError("unknown command '" + printable(cmd) + "'");
 }
 
 }  // namespace

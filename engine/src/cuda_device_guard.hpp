@@ -2,6 +2,9 @@
 // on a device. Defined in cuda_runtime.cpp.
 #pragma once
 
+#include "internal_visibility.hpp"
+
+QR_INTERNAL_BEGIN
 namespace qrecipe::detail {
 
 // Makes CUDA device `index` current for its lifetime and restores the previous device.
@@ -22,3 +25,4 @@ class DeviceGuard {
 };
 
 }  // namespace qrecipe::detail
+QR_INTERNAL_END

@@ -77,6 +77,12 @@ std::shared_ptr<Quantizer> Engine::resolve(const QuantizerRole& role) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = cache_.find(role); it != cache_.end()) return it->second;
   }
+  // One creation at a time (recursive: a factory may resolve another role on this thread).
+  std::lock_guard<std::recursive_mutex> creating(resolve_mutex_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);  // another thread may have made it meanwhile
+    if (auto it = cache_.find(role); it != cache_.end()) return it->second;
+  }
   auto [spec, origin] = spec_for(role);
   std::shared_ptr<Quantizer> q;
   try {
@@ -100,7 +106,7 @@ std::string Engine::origin(const QuantizerRole& role) {
 }
 
 namespace {
-// The quantizer being created on this thread (innermost first for a hybrid's halves), so a
+// The quantizer being created on this thread (innermost first for sub-quantizers), so a
 // scaling state requested from inside a plugin's factory is labelled with the role and format
 // that asked for it, and joins the share group its spec names, without the plugin having to
 // say.
@@ -140,7 +146,18 @@ std::shared_ptr<Quantizer> Engine::make_quantizer(const QuantizerSpec& spec,
   QR_CHECK(plugin != nullptr, "format '", typed.format, "' vanished from the registry");
   const CreatingScope scope(role.str() + " " + typed.format, typed.share);
   const std::string share = typed.share, described = typed.str();
-  auto q = std::make_shared<Quantizer>(std::move(plugin), std::move(typed), role, host_context());
+  const SourceLocation location = typed.location;
+  std::shared_ptr<Quantizer> q;
+  try {
+    q = std::make_shared<Quantizer>(std::move(plugin), std::move(typed), role, host_context());
+  } catch (const RecipeError&) {
+    throw;
+  } catch (const Error& e) {
+    // The plugin refused the spec (an option combination): say where the recipe wrote it,
+    // not where the plugin's source checked it.
+    if (e.code() != QR_STATUS_INVALID_ARGUMENT || location.line == 0) throw;
+    throw RecipeError(location, e.message());
+  }
   // A share name on a quantizer that keeps no scaling state would silently mean nothing.
   if (!share.empty() && scope.states() == 0)
     throw RecipeError(spec.location,

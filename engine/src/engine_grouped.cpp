@@ -181,7 +181,7 @@ GroupedQuantizedTensor Engine::quantize_grouped(const Quantizer& q, const Tensor
                 q.plugin().path(), " has no device-split grouped quantization (plugin_abi.h ",
                 QR_EXTRA_QUANTIZE_GROUPED_DEVICE, "); pass the splits as host sizes instead "
                 "(the PyTorch adapter then reads them on the host, a synchronization), or pick "
-                "a format that has it (float8, blockwise, mxfp8)");
+                "a format whose plugin provides it");
   QR_CHECK(!options.amax, who(q), ": caller-reduced amaxes cannot be given to device-split "
            "groups (each group has its own); quantize with host splits instead");
   check_source(q, src2d);

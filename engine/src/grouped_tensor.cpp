@@ -3,6 +3,8 @@
 
 #include <sstream>
 
+#include "qrecipe/checked.hpp"
+
 namespace qrecipe {
 
 // ---------------------------------------------------------------- GroupSplits
@@ -63,7 +65,10 @@ std::string GroupSplits::str() const {
 
 namespace {
 constexpr std::size_t kAlign = 256;
-std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+// Checked: the plugin's sizes come through the ABI and could be anything.
+std::size_t aligned(std::size_t bytes) {
+  return checked_add(bytes, kAlign - 1, "device-split grouped buffer bytes") / kAlign * kAlign;
+}
 }  // namespace
 
 GroupedQuantizedTensor::GroupedQuantizedTensor(std::vector<QuantizedTensor> groups,
@@ -118,10 +123,11 @@ GroupedQuantizedTensor::GroupedQuantizedTensor(
     const std::size_t amax = gd.layout.has_amax ? aligned(sizeof(float) * num_groups) : 0;
     const std::size_t scales = aligned(sizes[d][1]);
     const std::size_t data = sizes[d][0];
-    auto buffer = std::make_shared<Buffer>(allocator, table + amax + scales + data, device,
-                                           Buffer::Fill::none);
+    const std::size_t head = checked_add(checked_add(table, amax), scales);
+    const std::size_t total = checked_add(head, data, "device-split grouped buffer bytes");
+    auto buffer = std::make_shared<Buffer>(allocator, total, device, Buffer::Fill::none);
     auto* base = static_cast<std::uint8_t*>(buffer->data());
-    allocator->zero(base, table + amax + scales, device);
+    allocator->zero(base, head, device);
     gd.groups = reinterpret_cast<qr_group_entry*>(base);
     gd.amax = amax ? reinterpret_cast<float*>(base + table) : nullptr;
     gd.scale_inv = sizes[d][1] ? base + table + amax : nullptr;

@@ -3,13 +3,15 @@
 
 #include <sstream>
 
+#include "qrecipe/checked.hpp"
+#include "qrecipe/engine.hpp"
 #include "qrecipe/registry.hpp"
 
 namespace qrecipe {
 
 Quantizer::Quantizer(std::shared_ptr<const FormatPlugin> plugin, QuantizerSpec spec,
                      QuantizerRole role, qr_host_context* ctx)
-    : plugin_(std::move(plugin)), spec_(std::move(spec)), role_(std::move(role)) {
+    : plugin_(std::move(plugin)), spec_(std::move(spec)), role_(std::move(role)), ctx_(ctx) {
   QR_CHECK(plugin_ != nullptr, "Quantizer needs a plugin");
   const CSpec cspec(spec_);
   const qr_role crole = role_.to_c();
@@ -32,9 +34,23 @@ std::string Quantizer::context(const char* op, const TensorView* src) const {
   return os.str();
 }
 
+const FormatPlugin& Quantizer::direction_plugin(const qr_direction_layout& layout) const {
+  if (layout.format == nullptr || format() == layout.format) return *plugin_;
+  QR_CHECK_CODE(ctx_ != nullptr, QR_STATUS_INTERNAL, context("direction_plugin"),
+                ": a direction of format '", layout.format, "' but this quantizer was made "
+                "without an engine to look that format up in");
+  auto owner = Engine::from_host_context(ctx_)->registry().find(layout.format);
+  QR_CHECK(owner != nullptr, context("direction_plugin"), ": a direction of format '",
+           layout.format, "', which the engine's registry has not loaded (loaded: ",
+           Engine::from_host_context(ctx_)->registry().loaded_names(), ")");
+  return *owner;
+}
+
 qr_direction_layout Quantizer::layout(std::int64_t rows, std::int64_t cols,
                                       qr_direction direction) const {
   QR_CHECK(rows >= 0 && cols >= 0, "negative shape ", rows, "x", cols);
+  // The logical tensor must be countable before any plugin pads it.
+  checked_mul(rows, cols, context("layout") + ": rows x cols");
   qr_direction_layout out{};
   out.struct_size = sizeof(qr_direction_layout);
   if (qr_status status = plugin_->c().layout(handle_, rows, cols, direction, &out))
@@ -42,6 +58,28 @@ qr_direction_layout Quantizer::layout(std::int64_t rows, std::int64_t cols,
                      ", " + direction_name(direction) + ")");
   QR_CHECK_CODE(out.struct_size >= sizeof(qr_direction_layout), QR_STATUS_INTERNAL, "plugin ",
                 plugin_->path(), " returned a layout with struct_size ", out.struct_size);
+  // Every size the host will allocate from must be exact: non-negative and countable.
+  const std::string where = context("layout") + " (" + std::to_string(rows) + "x" +
+                            std::to_string(cols) + ", " + direction_name(direction) + ")";
+  QR_CHECK_CODE(out.data_ndim >= 1 && out.data_ndim <= 2 && out.scale_ndim >= 0 &&
+                    out.scale_ndim <= 2, QR_STATUS_INTERNAL, where, ": plugin ", plugin_->path(),
+                " returned data_ndim ", out.data_ndim, " and scale_ndim ", out.scale_ndim,
+                "; expected 1..2 and 0..2");
+  for (int i = 0; i < out.data_ndim; ++i)
+    QR_CHECK_CODE(out.data_shape[i] >= 0, QR_STATUS_INTERNAL, where, ": plugin ", plugin_->path(),
+                  " returned a negative data dimension ", out.data_shape[i]);
+  for (int i = 0; i < out.scale_ndim; ++i)
+    QR_CHECK_CODE(out.scale_shape[i] >= 0, QR_STATUS_INTERNAL, where, ": plugin ",
+                  plugin_->path(), " returned a negative scale dimension ", out.scale_shape[i]);
+  const auto bytes = [&](std::int32_t dtype, int ndim, const std::int64_t* shape) {
+    storage_bytes(static_cast<DType>(dtype), ndim == 2 ? shape[0] : 1, shape[ndim - 1]);
+  };
+  try {
+    bytes(out.data_dtype, out.data_ndim, out.data_shape);
+    if (out.scale_ndim > 0) bytes(out.scale_dtype, out.scale_ndim, out.scale_shape);
+  } catch (const Error& e) {
+    QR_THROW(where, ": ", e.message());
+  }
   return out;
 }
 

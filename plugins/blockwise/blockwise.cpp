@@ -31,10 +31,12 @@
 #include <string_view>
 #include <vector>
 
+#include "blockwise_adam_kernels.hpp"
 #include "blockwise_ref.hpp"
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 #include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/plugin_sdk_adam.hpp"
 #include "qrecipe/plugin_sdk_checks.hpp"
 #include "qrecipe/plugin_sdk_tensor.hpp"
 // No CUDA types in these two (their functions are defined only in CUDA builds); the
@@ -201,6 +203,18 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
 #endif
   }
 
+  // The fused Adam + requantize extra (plugin_sdk_adam.hpp, blockwise_adam_kernels.cu): what
+  // the fused kernel needs (t's destination is checked against layout() already).
+  cuda::AdamPlan adam_plan(const qr_adam_tensor& t) const {
+    cuda::AdamPlan p;
+    p.tile_128x128 = params_.block == ref::BlockShape::k128x128;
+    p.pow2_scales = params_.pow2_scales;
+    p.amax_epsilon = params_.amax_epsilon;
+    p.rowwise_scale_ld = t.dst->rowwise.layout.scale_shape[1];
+    p.columnwise_scale_ld = t.dst->columnwise.layout.scale_shape[1];
+    return p;
+  }
+
   void dequantize(const qr_quantized_tensor& src, qr_direction direction,
                   const qr_tensor_view& dst, void* stream) override {
     const qr_direction_data& dd = sdk::check_dequantize_call(src, direction, dst, kFormat);
@@ -309,6 +323,8 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
 
 }  // namespace qrecipe::blockwise
 
-QR_DEFINE_PLUGIN(qrecipe::blockwise::BlockwiseQuantizer, "blockwise", "1.0.0",
-                 "FP8 E4M3 with one FP32 scale per 1x128 block or 128x128 tile (DeepSeek-style)",
-                 qrecipe::blockwise::kSchema, ::qrecipe::sdk::kBuiltDevices)
+QR_DEFINE_PLUGIN_EX(qrecipe::blockwise::BlockwiseQuantizer, "blockwise", "1.0.0",
+                    "FP8 E4M3 with one FP32 scale per 1x128 block or 128x128 tile "
+                    "(DeepSeek-style)",
+                    qrecipe::blockwise::kSchema, ::qrecipe::sdk::kBuiltDevices,
+                    &qrecipe::sdk::adam_extras<qrecipe::blockwise::BlockwiseQuantizer>)

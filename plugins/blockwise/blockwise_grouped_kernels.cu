@@ -1,7 +1,7 @@
 // CUDA kernel of grouped blockwise quantization (blockwise_grouped_kernels.hpp), bit-exact with
 // blockwise_ref.cpp applied to each group alone.
 //
-// Map of this file (STYLE.md rule 11):
+// Map of this file (docs/architecture.md, "Conventions", rule 11):
 //   1. the tile of a group: what the SDK's grouped kernel (qrecipe/cuda_sdk.cuh
 //      grouped_tile_kernel: one 128 x 128 tile of one group per CTA) runs
 //   2. the launcher (dtype / block / direction dispatch) and the entry

@@ -16,6 +16,8 @@
 
 #include <vector>
 
+#include "qrecipe/checked.hpp"
+
 #include "blockwise_kernels.hpp"
 
 namespace qrecipe::blockwise::cuda {
@@ -49,15 +51,28 @@ struct DeviceGroupedArgs {
   qr_group_entry* columnwise_table = nullptr;
 };
 
-// Bytes of the packed buffers of one direction for any split of `rows` into `groups` groups.
+// Bytes of the packed buffers of one direction for any split of `rows` into `groups` groups
+// (checked: a qrecipe::Error rather than a wrapped size).
 inline std::int64_t device_data_bytes(std::int64_t rows, std::int64_t cols, std::int64_t groups,
                                       bool columnwise) {
-  return columnwise ? cols * (rows + (kColumnwiseRowAlign - 1) * groups) : rows * cols;
+  using qrecipe::checked_add, qrecipe::checked_mul;
+  constexpr const char* what = "device-split grouped data bytes";
+  if (!columnwise) return checked_mul(rows, cols, what);
+  const std::int64_t padded_rows =
+      checked_add(rows, checked_mul(kColumnwiseRowAlign - 1, groups, what), what);
+  return checked_mul(cols, padded_rows, what);
 }
 inline std::int64_t device_scale_bytes(std::int64_t rows, std::int64_t cols, std::int64_t groups,
                                        bool columnwise) {
-  const std::int64_t blocks = (cols + 127) / 128, padded = (cols + kScalePad - 1) / kScalePad * kScalePad;
-  return 4 * (columnwise ? padded * (rows / 128 + groups) : blocks * (rows + (kScalePad - 1) * groups));
+  using qrecipe::checked_add, qrecipe::checked_mul;
+  constexpr const char* what = "device-split grouped scale bytes";
+  const std::int64_t blocks = qrecipe::ceil_div(cols, 128, what);
+  const std::int64_t padded = qrecipe::round_up(cols, kScalePad, what);
+  const std::int64_t n =
+      columnwise ? checked_mul(padded, checked_add(rows / 128, groups, what), what)
+                 : checked_mul(blocks, checked_add(rows, checked_mul(kScalePad - 1, groups, what), what),
+                               what);
+  return checked_mul(4, n, what);
 }
 
 void quantize_grouped_device(const DeviceGroupedArgs& args);

@@ -1,6 +1,7 @@
 // CUDA kernels of the blockwise format, bit-exact with blockwise_ref.cpp.
 //
-// Map of this file (STYLE.md rule 11: helpers, kernels, launchers, entries):
+// Map of this file (docs/architecture.md, "Conventions", rule 11: helpers, kernels,
+// launchers, entries):
 //   1. error checking, device guard, element traits (input dtypes, output dtypes)
 //   2. device helpers: the scale_inv position of a block (the quantize tile's helpers are in
 //      blockwise_device.cuh)
@@ -22,7 +23,7 @@
 // lane, one 16-byte load a row). Block amaxes: warp shuffles, then the 4 (or 16) warps of a
 // tile row / column / tile through shared memory; each scale is computed once and published.
 // The sat_rne(x * scale) is the hardware cvt.rn.satfinite of qrecipe/fast_conversions.cuh, equal
-// to num::f32_to_e4m3 on every FP32 input (tests/gpu/test_gpu_conversions), with the
+// to num::f32_to_e4m3 on every FP32 input (tests/gpu/test_gpu_conversions.cpp), with the
 // reference's NaN code where a lane holds a NaN. The transposed columnwise data needs no code
 // tile: a lane's 4 rows of one column are 4 consecutive bytes of one output row. Each request
 // (rowwise, columnwise, both) has its own kernel instance, and tiles inside the tensor run a

@@ -1,5 +1,5 @@
 // CPU reference of the blockwise format (DeepSeek-style FP8 E4M3 with one FP32 scale per
-// 1x128 block or 128x128 tile): the executable specification (DESIGN.md section 7,
+// 1x128 block or 128x128 tile): the executable specification (docs/numerics.md,
 // "blockwise"). blockwise_kernels.cu produces the same bytes and scale_inv bit for bit;
 // test_blockwise.cpp, the conformance suite and tests/gpu/test_gpu_parity.cpp hold both to it.
 //

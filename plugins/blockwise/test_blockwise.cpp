@@ -597,7 +597,7 @@ TEST_CASE("blockwise 1x128 rowwise scales are transposed: entry [j][i] is (row i
   }
 }
 
-// An oracle written straight from DESIGN.md section 7, independent of the plugin's loop
+// An oracle written straight from docs/numerics.md ("blockwise"), independent of the plugin's loop
 // structure: block amaxes from a scan of each block's element range, then, for every element,
 // the data byte and the scale at the positions the layout table names.
 void check_against_oracle(const std::vector<float>& v, std::int64_t m, std::int64_t k,
@@ -714,7 +714,7 @@ TEST_CASE("blockwise default block depends on the role; an explicit block wins")
   CHECK(block_of(make({}, "weight")) == "128x128");
   CHECK(block_of(make({}, "input")) == "1x128");
   CHECK(block_of(make({}, "grad_output")) == "1x128");
-  CHECK(block_of(make({}, "")) == "1x128");  // no role decides: 1x128 (DESIGN.md section 5)
+  CHECK(block_of(make({}, "")) == "1x128");  // no role decides: 1x128 (docs/recipes.md)
   CHECK(block_of(make(block("1x128"), "weight")) == "1x128");
   CHECK(block_of(make(block("128x128"), "input")) == "128x128");
 

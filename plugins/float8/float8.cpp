@@ -1,5 +1,5 @@
 // float8 format plugin: per-tensor FP8 (E4M3 / E5M2) with current or delayed scaling
-// (DESIGN.md section 7, "float8").
+// (docs/numerics.md, "float8").
 //
 // Map of this file
 //   1. options: how the validated recipe options resolve (defaults, cross-option checks)
@@ -36,6 +36,7 @@
 // CUDA tensors run the kernels of float8_kernels.cu when the plugin is built with CUDA and are
 // an UNSUPPORTED error otherwise; they never fall back to the CPU reference. The kernels need
 // contiguous sources; the CPU reference reads any strided view.
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -43,10 +44,12 @@
 #include <string>
 #include <vector>
 
+#include "float8_adam_kernels.hpp"
 #include "float8_ref.hpp"
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 #include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/plugin_sdk_adam.hpp"
 #include "qrecipe/plugin_sdk_checks.hpp"
 #include "qrecipe/plugin_sdk_tensor.hpp"
 // No CUDA types in these two (their functions are defined only in CUDA builds); the
@@ -194,9 +197,9 @@ class Float8Quantizer final : public sdk::QuantizerBase {
   // group), one scale_inv and amax per group and direction.
   void grouped_device_sizes(std::int64_t rows, std::int64_t cols, std::uint32_t groups,
                             qr_direction d, std::size_t& data, std::size_t& scales) const {
-    data = static_cast<std::size_t>(d == QR_DIRECTION_ROWWISE
-                                        ? rows * cols
-                                        : cuda::device_columnwise_bytes(rows, cols, groups));
+    data = static_cast<std::size_t>(
+        d == QR_DIRECTION_ROWWISE ? qrecipe::checked_mul(rows, cols, "device-split grouped data bytes")
+                                  : cuda::device_columnwise_bytes(rows, cols, groups));
     scales = sizeof(float) * groups;
   }
 
@@ -233,6 +236,160 @@ class Float8Quantizer final : public sdk::QuantizerBase {
 #else
     (void)args;  // unreachable: check_grouped_device_source refuses CUDA sources in this build
     (void)dst;
+#endif
+  }
+
+  // The fused Adam + requantize extra (plugin_sdk_adam.hpp, float8_adam_kernels.cu): this
+  // quantizer's scaling as the fused kernels read it; a delayed-scaling state first moves to
+  // the tensors' device, as a quantize there would move it (so capture a capturable step after
+  // an eager warm-up step).
+  cuda::AdamPlan adam_plan(const qr_adam_tensor& t) {
+    cuda::AdamPlan p;
+    p.data_dtype = o_.dtype;
+    p.fmax = ref::fp8_max(o_.dtype);
+    p.pow2_scales = o_.pow2_scales;
+    p.amax_epsilon = o_.amax_epsilon;
+    if (o_.scaling == Scaling::delayed) {
+      ensure_state_on(t.master.device);
+      p.delayed_scale = state_.scale;
+      p.history_row0 = state_.amax_history;
+    }
+    return p;
+  }
+
+  // The hybrid fusion extra QR_EXTRA_PREPARE_TENSOR_CAST (plugin_abi.h): everything quantize
+  // does for one direction except the cast, which another plugin's kernel then writes from its
+  // own read of the source (the hybrid format's two directions in one read). Current scaling
+  // on CUDA only: the amax pass (or the caller's amax) into the direction's amax buffer, and
+  // scale_inv written from it on the device by the same scalar code the cast kernels run; the
+  // cast is q = sat_rne(x * scale_from_amax(amax, fmax, pow2_scales, amax_epsilon)), which is
+  // exactly what quantize_cuda's kernels compute. Delayed scaling (the cast would have to
+  // accumulate the amax into the history) and CPU tensors are UNSUPPORTED, before anything is
+  // written.
+  void prepare_tensor_cast(const qr_tensor_view& src, const qr_quantize_args& args,
+                           qr_quantized_tensor& dst, qr_tensor_cast& cast) {
+    QR_CHECK_CODE(o_.scaling == Scaling::current, QR_STATUS_UNSUPPORTED, "float8 "
+                  "prepare_tensor_cast: delayed scaling observes the amax while it casts; "
+                  "quantize the directions apart");
+    QR_CHECK_CODE(src.device.type == QR_DEVICE_CUDA && sdk::kHasCuda, QR_STATUS_UNSUPPORTED,
+                  "float8 prepare_tensor_cast: CUDA tensors only (the CPU reference quantizes "
+                  "the directions apart)");
+    QR_CHECK(args.usage == QR_USAGE_ROWWISE || args.usage == QR_USAGE_COLUMNWISE,
+             "float8 prepare_tensor_cast: usage ", args.usage, " must name exactly one direction");
+    const std::uint32_t usage =
+        sdk::check_quantize_call(src, args, dst, kFormat, "prepare_tensor_cast", *this);
+    sdk::require_contiguous_source(src, kFormat, "prepare_tensor_cast");
+    const qr_direction d =
+        usage == QR_USAGE_ROWWISE ? QR_DIRECTION_ROWWISE : QR_DIRECTION_COLUMNWISE;
+    qr_direction_data& dd = sdk::direction_data(dst, d);
+    auto* amax = static_cast<float*>(dd.amax.data);
+    cast = qr_tensor_cast{};
+    cast.struct_size = sizeof(qr_tensor_cast);
+    cast.dtype = o_.dtype;
+    cast.transposed = d == QR_DIRECTION_COLUMNWISE ? 1 : 0;
+    cast.data = static_cast<std::uint8_t*>(dd.data.data);
+    cast.scale = nullptr;
+    cast.amax = amax;
+    cast.fmax = ref::fp8_max(o_.dtype);
+    cast.pow2_scales = o_.pow2_scales ? 1 : 0;
+    cast.amax_epsilon = o_.amax_epsilon;
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    const int device = src.device.index;
+    const bool has_given = args.amax != nullptr;
+    if (has_given) {
+      const float given = d == QR_DIRECTION_ROWWISE ? args.amax[0] : args.amax[1];
+      cuda::write_scalars(amax, nullptr, given, nullptr, 0.0f, device, args.stream);
+    } else {
+      cuda::compute_amax(src.data, static_cast<qr_dtype>(src.dtype), sdk::numel(src), amax,
+                         device, args.stream);
+      cast.source_amax = amax;  // max |x| of this very source
+    }
+    // scale_inv from the device amax: a cast of an empty tensor writes only its scalars.
+    cuda::CastTransposeArgs a;
+    a.src_dtype = static_cast<qr_dtype>(src.dtype);
+    a.data_dtype = o_.dtype;
+    (d == QR_DIRECTION_ROWWISE ? a.rowwise : a.columnwise) = cast.data;
+    (d == QR_DIRECTION_ROWWISE ? a.rowwise_scale_inv : a.columnwise_scale_inv) =
+        static_cast<float*>(dd.scale_inv.data);
+    a.scale.device_amax = amax;
+    a.scale.fmax = cast.fmax;
+    a.scale.pow2_scales = o_.pow2_scales;
+    a.scale.amax_epsilon = o_.amax_epsilon;
+    a.device_index = device;
+    a.stream = args.stream;
+    cuda::cast_transpose(a);
+#endif
+  }
+
+  // The hybrid fusion extra QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST (plugin_abi.h): quantize the
+  // columnwise (transposed) direction and write another format's untransposed per-tensor cast
+  // (a float8 rowwise side of another dtype or scale) in the same cast + transpose tiles
+  // (float8_device.cuh, RowOut): one read of the source after the partner's amax pass. With
+  // the cast's source_amax (max |x| of this very source) and no caller amax, this direction's
+  // amax is that value, so its own amax pass goes too. Supported: current scaling, CUDA, a
+  // contiguous bf16 / f16 source, usage columnwise alone, an untransposed e4m3 / e5m2 cast.
+  // Anything else is UNSUPPORTED before a byte is written.
+  void quantize_with_tensor_cast(const qr_tensor_view& src, const qr_quantize_args& args,
+                                 qr_quantized_tensor* dst, const qr_tensor_cast& cast) {
+    bool supported = o_.scaling == Scaling::current && src.device.type == QR_DEVICE_CUDA &&
+                     sdk::kHasCuda && sdk::is_contiguous(src) &&
+                     args.usage == QR_USAGE_COLUMNWISE && cast.transposed == 0;
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    supported = supported && cuda::cast_with_own_rowwise_supported(
+                                 static_cast<qr_dtype>(src.dtype), static_cast<qr_dtype>(cast.dtype));
+#endif
+    QR_CHECK_CODE(supported, QR_STATUS_UNSUPPORTED, "float8 quantize_with_tensor_cast: needs "
+                  "current scaling, a contiguous bf16 / f16 CUDA source, usage columnwise alone "
+                  "and an untransposed e4m3 / e5m2 cast; got ",
+                  o_.scaling == Scaling::current ? "current" : "delayed", " scaling, ",
+                  sdk::dtype_str(static_cast<qr_dtype>(src.dtype)), " on ",
+                  sdk::device_str(src.device), ", usage ", args.usage, ", cast dtype ",
+                  sdk::dtype_str(static_cast<qr_dtype>(cast.dtype)),
+                  (cast.transposed ? " transposed" : ""));
+    if (dst == nullptr) return;  // a probe
+    sdk::check_quantize_call(src, args, *dst, kFormat, "quantize_with_tensor_cast", *this);
+    QR_CHECK(cast.data != nullptr && (cast.scale != nullptr || cast.amax != nullptr),
+             "float8 quantize_with_tensor_cast: the cast has no data buffer, or neither a scale "
+             "nor an amax");
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    const int device = src.device.index;
+    auto* amax_col = static_cast<float*>(dst->columnwise.amax.data);
+    cuda::CastTransposeArgs a;
+    a.src = src.data;
+    a.src_dtype = static_cast<qr_dtype>(src.dtype);
+    a.rows = dst->rows;
+    a.cols = dst->cols;
+    a.data_dtype = o_.dtype;
+    a.rowwise = cast.data;
+    a.columnwise = static_cast<std::uint8_t*>(dst->columnwise.data.data);
+    a.columnwise_scale_inv = static_cast<float*>(dst->columnwise.scale_inv.data);
+    a.rowwise_own = true;
+    a.rowwise_dtype = static_cast<qr_dtype>(cast.dtype);
+    a.rowwise_scale.device_scale = cast.scale;
+    a.rowwise_scale.device_amax = cast.scale != nullptr ? nullptr : cast.amax;
+    a.rowwise_scale.fmax = cast.fmax;
+    a.rowwise_scale.pow2_scales = cast.pow2_scales != 0;
+    a.rowwise_scale.amax_epsilon = cast.amax_epsilon;
+    a.device_index = device;
+    a.stream = args.stream;
+    // This direction's scale, as quantize_cuda's current scaling derives it.
+    if (args.amax != nullptr) {
+      const float given = args.amax[1];
+      cuda::write_scalars(amax_col, nullptr, given, nullptr, 0.0f, device, args.stream);
+      a.scale.scale = ref::current_scale(given, o_.dtype, o_.pow2_scales, o_.amax_epsilon);
+    } else {
+      a.scale.fmax = ref::fp8_max(o_.dtype);
+      a.scale.pow2_scales = o_.pow2_scales;
+      a.scale.amax_epsilon = o_.amax_epsilon;
+      if (cast.source_amax != nullptr) {
+        a.scale.device_amax = cast.source_amax;  // max |x| of this source: no amax pass
+        a.amax_mirror = amax_col;
+      } else {
+        a.scale.tensor_amax = true;
+        a.amax_out[0] = amax_col;
+      }
+    }
+    cuda::cast_transpose(a);
 #endif
   }
 
@@ -361,7 +518,13 @@ class Float8Quantizer final : public sdk::QuantizerBase {
 
   // Delayed scaling: this quantize's amax joins the step's running max in history row 0.
   void accumulate_amax(float amax) {
-    state_.amax_history[0] = std::fmax(state_.amax_history[0], amax);
+    // Atomic: quantize calls with this quantizer may run on several threads at once, and
+    // max is order-independent, so the step amax is the same however they interleave.
+    std::atomic_ref<float> row0(state_.amax_history[0]);
+    float seen = row0.load(std::memory_order_relaxed);
+    while (std::fmax(seen, amax) != seen &&
+           !row0.compare_exchange_weak(seen, std::fmax(seen, amax), std::memory_order_relaxed)) {
+    }
   }
 
   void quantize_cpu(const qr_tensor_view& src, std::uint32_t usage, qr_quantized_tensor& dst,
@@ -559,6 +722,7 @@ constexpr qr_option_schema kSchema[] = {
 
 // ---------------------------------------------------------------- 3. exported symbols
 
-QR_DEFINE_PLUGIN(qrecipe::float8::Float8Quantizer, "float8", "1.0.0",
-                 "per-tensor FP8 (E4M3/E5M2), current or delayed scaling",
-                 qrecipe::float8::kSchema, ::qrecipe::sdk::kBuiltDevices)
+QR_DEFINE_PLUGIN_EX(qrecipe::float8::Float8Quantizer, "float8", "1.0.0",
+                    "per-tensor FP8 (E4M3/E5M2), current or delayed scaling",
+                    qrecipe::float8::kSchema, ::qrecipe::sdk::kBuiltDevices,
+                    &qrecipe::sdk::adam_extras<qrecipe::float8::Float8Quantizer>)

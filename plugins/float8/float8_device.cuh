@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "qrecipe/conversions.hpp"
 #include "qrecipe/cuda_sdk.cuh"
@@ -86,6 +87,11 @@ struct E5M2Out {
   }
   static __device__ __forceinline__ float decode(std::uint8_t c) { return num::e5m2_to_f32(c); }
 };
+
+// The rowwise codes of a cast + transpose tile: the columnwise codes themselves (SameCodes:
+// one type, one scale), or E4M3Out / E5M2Out with a scale of their own (another format's
+// per-tensor cast written from the same read, the hybrid fusion extra of plugin_abi.h).
+struct SameCodes {};
 
 // ---------------------------------------------------------------- device helpers
 
@@ -287,12 +293,12 @@ struct TileFlags {
 // vector path keeps its registers. Phase 1: quantizes the in-range elements (rowwise store
 // when requested) into the shared tile, out-of-range codes 0 (never stored); returns the
 // running amax. Phase 2: stores the in-range codes columnwise.
-template <class In, class Out, class T>
+template <class In, class Out, class T, class RowOut = SameCodes>
 __device__ __noinline__ float edge_tile_codes(const typename In::Storage* src, std::int64_t rows,
                                               std::int64_t cols, std::int64_t row0,
                                               std::int64_t col0, float scale,
                                               std::uint8_t* rowwise, std::uint8_t* tile_bytes,
-                                              float running) {
+                                              float running, float row_scale = 0.0f) {
   for (int e = static_cast<int>(threadIdx.x); e < T::kRows * T::kCols; e += T::kThreads) {
     const int r = e / T::kCols, c = e % T::kCols;
     const std::int64_t gr = row0 + r, gc = col0 + c;
@@ -301,7 +307,10 @@ __device__ __noinline__ float edge_tile_codes(const typename In::Storage* src, s
       const float x = In::to_f32(src[gr * cols + gc]);
       running = amax_of(running, x);
       code = Out::encode1(x * scale);
-      if (rowwise != nullptr) rowwise[gr * cols + gc] = code;
+      if (rowwise != nullptr) {
+        if constexpr (std::is_same_v<RowOut, SameCodes>) rowwise[gr * cols + gc] = code;
+        else rowwise[gr * cols + gc] = RowOut::encode1(x * row_scale);
+      }
     }
     tile_bytes[T::byte_index(r, c)] = code;
   }
@@ -369,15 +378,17 @@ __device__ __forceinline__ void load_cast_tile(
 // null) and parks the codes transposed in `tile`; phase 2 stores them into columnwise
 // [cols, rows] with rows columnwise_ld bytes apart (rows for a tensor of its own; a device-split
 // group's padded rows). Block-uniform (a barrier between the phases). Returns this thread's running
-// amax.
-template <class In, class Out>
+// amax. RowOut other than SameCodes: the rowwise codes are RowOut's of x * row_scale.
+template <class In, class Out, class RowOut = SameCodes>
 __device__ __forceinline__ float cast_transpose_tile(
     const typename In::Storage* __restrict__ src, std::int64_t rows, std::int64_t cols,
     const CastTile& at, float scale,
     const uint4 (&raw)[TileShape<In>::kPasses][TileShape<In>::kMicroRows],
     std::uint8_t* __restrict__ rowwise, std::uint8_t* __restrict__ columnwise,
     std::int64_t columnwise_ld, const TileFlags& flags,
-    std::uint32_t (&tile)[TileShape<In>::kCols][TileShape<In>::kWordsPerCol]) {
+    std::uint32_t (&tile)[TileShape<In>::kCols][TileShape<In>::kWordsPerCol],
+    float row_scale = 0.0f) {
+  constexpr bool kOwnRow = !std::is_same_v<RowOut, SameCodes>;
   using T = TileShape<In>;
   constexpr int V = T::kVector;
   std::uint8_t* const tile_bytes = reinterpret_cast<std::uint8_t*>(&tile[0][0]);
@@ -399,8 +410,15 @@ __device__ __forceinline__ float cast_transpose_tile(
         encode_words<Out, V>(x, scale, codes[i]);
         if (rowwise != nullptr) {
           std::uint8_t* out = rowwise + first + (pass * T::kRowsPerPass + i) * cols;
-          if constexpr (V == 8) store8(out, codes[i][0], codes[i][1]);
-          else store4(out, codes[i][0]);
+          std::uint32_t row_codes[V / 4];
+          if constexpr (kOwnRow) {
+            encode_words<RowOut, V>(x, row_scale, row_codes);
+          } else {
+#pragma unroll
+            for (int w = 0; w < V / 4; ++w) row_codes[w] = codes[i][w];
+          }
+          if constexpr (V == 8) store8(out, row_codes[0], row_codes[1]);
+          else store4(out, row_codes[0]);
         }
       }
       const int q = pass * (T::kRowsPerPass / 4) + ty;  // word of these 4 rows in a column
@@ -416,8 +434,8 @@ __device__ __forceinline__ float cast_transpose_tile(
       }
     }
   } else {
-    running = edge_tile_codes<In, Out, T>(src, rows, cols, row0, col0, scale, rowwise,
-                                          tile_bytes, running);
+    running = edge_tile_codes<In, Out, T, RowOut>(src, rows, cols, row0, col0, scale, rowwise,
+                                                  tile_bytes, running, row_scale);
   }
   __syncthreads();
 

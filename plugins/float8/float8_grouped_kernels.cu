@@ -1,7 +1,7 @@
 // CUDA kernels of grouped float8 quantization (float8_grouped_kernels.hpp), bit-exact with
 // float8_ref.cpp applied to each group alone.
 //
-// Map of this file (STYLE.md rule 11):
+// Map of this file (docs/architecture.md, "Conventions", rule 11):
 //   1. the group table (kernel parameter)
 //   2. device helpers: a group's scale and scalars, its amax under delayed scaling
 //   3. kernels: zero the amax targets, grouped amax, grouped casts (rowwise chunks; cast +
@@ -264,8 +264,9 @@ __host__ __device__ inline std::int64_t cast_blocks(std::int64_t rows, std::int6
                                                     bool columnwise) {
   using T = TileShape<In>;
   constexpr std::int64_t kChunk = std::int64_t{kRowwiseThreads} * kRowwiseUnits<In> * kUnit;
+  // No columns: no tiles however many rows (an empty group still writes its scalars).
   const std::int64_t blocks = columnwise
-                                  ? div_up(rows, T::kRows) * (cols == 0 ? 1 : div_up(cols, T::kCols))
+                                  ? (cols == 0 ? 0 : div_up(rows, T::kRows) * div_up(cols, T::kCols))
                                   : div_up(rows * cols, kChunk);
   return blocks < 1 ? 1 : blocks;
 }

@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "qrecipe/checked.hpp"
+
 #include "qrecipe/plugin_abi.h"
 
 namespace qrecipe::float8::cuda {
@@ -96,8 +98,13 @@ struct DeviceGroupedArgs {
 };
 
 // Bytes of the packed columnwise data for any split of `rows` rows into `groups` groups.
+// Checked: a qrecipe::Error rather than a wrapped size.
 inline std::int64_t device_columnwise_bytes(std::int64_t rows, std::int64_t cols, std::int64_t groups) {
-  return cols * (rows + (kColumnwiseRowAlign - 1) * groups);
+  using qrecipe::checked_add, qrecipe::checked_mul;
+  constexpr const char* what = "device-split grouped columnwise bytes";
+  const std::int64_t padded_rows =
+      checked_add(rows, checked_mul(kColumnwiseRowAlign - 1, groups, what), what);
+  return checked_mul(cols, padded_rows, what);
 }
 
 void quantize_grouped_device(const DeviceGroupedArgs& args);

@@ -1,6 +1,7 @@
 // CUDA kernels of the float8 format, bit-exact with float8_ref.cpp.
 //
-// Map of this file (STYLE.md rule 11: helpers, kernels, launchers, entries):
+// Map of this file (docs/architecture.md, "Conventions", rule 11: helpers, kernels,
+// launchers, entries):
 //   1. error checking, device guard, launch sizes (resident blocks per device and kernel),
 //      launches that overlap the previous kernel (PDL), the memory pool of the amax pass's
 //      scratch (sdk::cuda::StreamScratch)
@@ -48,6 +49,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "float8_device.cuh"
@@ -219,6 +221,14 @@ __device__ __forceinline__ float cast_scale(const CastScalars& s, float& tensor_
   return s.scale.scale;
 }
 
+// The scale of a rowwise direction with its own codes (CastTransposeArgs::rowwise_own): from
+// a device amax by the rule, or a device scale. Read after any grid dependency wait.
+__device__ __forceinline__ float own_rowwise_scale(const ScaleSource& r) {
+  if (r.device_amax != nullptr)
+    return scale_from_amax(__ldcg(r.device_amax), r.fmax, r.pow2_scales, r.amax_epsilon);
+  return __ldcg(r.device_scale);
+}
+
 // Block 0 writes scale_inv = 1 / scale (IEEE division, --prec-div=true), the amax pass's
 // amax and the mirror amax.
 __device__ __forceinline__ void write_block_zero_scalars(const CastScalars& s, float scale,
@@ -321,14 +331,20 @@ __global__ void __launch_bounds__(kRowwiseThreads)
 
 // Fused cast + transpose (columnwise requested; rowwise optional): block b casts tile b
 // (float8_device.cuh cast + transpose tiles; reverse: the b-th from the end). The vector
-// loads go out before the wait for the kernel this launch overlaps.
-template <class In, class Out>
-__global__ void __launch_bounds__(TileShape<In>::kThreads, TileShape<In>::kMinBlocksPerSm)
+// loads go out before the wait for the kernel this launch overlaps. RowOut other than
+// SameCodes: the rowwise bytes are RowOut codes with the scale of `row` (rowwise_own); those
+// encode every run twice and take 3 blocks an SM, 80 registers (ptxas, sm_90a: 40-56 bytes
+// of spills in the vector path, L1-resident; at 4 blocks 48-56 bytes; at 2 blocks none, 128
+// registers, but half the blocks to overlap one tile's load, barrier and store phases).
+template <class In, class Out, class RowOut = SameCodes>
+__global__ void __launch_bounds__(TileShape<In>::kThreads,
+                                  std::is_same_v<RowOut, SameCodes> ? TileShape<In>::kMinBlocksPerSm
+                                                                    : 3)
     cast_transpose_kernel(const typename In::Storage* __restrict__ src, std::int64_t rows,
                           std::int64_t cols, unsigned tiles_per_row, bool reverse,
                           std::uint8_t* __restrict__ rowwise,
                           std::uint8_t* __restrict__ columnwise, const TileFlags flags,
-                          const CastScalars s) {
+                          const CastScalars s, const ScaleSource row) {
   using T = TileShape<In>;
   __shared__ alignas(16) std::uint32_t tile[T::kCols][T::kWordsPerCol];
   const unsigned t = reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // this block's tile
@@ -339,8 +355,14 @@ __global__ void __launch_bounds__(TileShape<In>::kThreads, TileShape<In>::kMinBl
   float tensor_amax;
   const float scale = cast_scale(s, tensor_amax);
   write_block_zero_scalars(s, scale, tensor_amax);
-  const float running = cast_transpose_tile<In, Out>(src, rows, cols, at, scale, raw, rowwise,
-                                                     columnwise, rows, flags, tile);
+  float row_scale = 0.0f;
+  if constexpr (!std::is_same_v<RowOut, SameCodes>) {
+    grid_dependency_wait();  // whatever wrote the rowwise amax / scale has finished
+    row_scale = own_rowwise_scale(row);
+  }
+  const float running = cast_transpose_tile<In, Out, RowOut>(src, rows, cols, at, scale, raw,
+                                                             rowwise, columnwise, rows, flags,
+                                                             tile, row_scale);
   accumulate_block_amax<T::kThreads>(s, running);
 }
 
@@ -441,12 +463,13 @@ void launch_rowwise(const CastTransposeArgs& a, const CastLaunch& l) {
          static_cast<const Storage*>(a.src), numel, aligned, l.reverse, a.rowwise, l.scalars);
 }
 
-template <class In, class Out>
+template <class In, class Out, class RowOut = SameCodes>
 void launch_cast_transpose(const CastTransposeArgs& a, const CastLaunch& l) {
   using Storage = typename In::Storage;
   using T = TileShape<In>;
   const std::int64_t tiles_per_row = a.cols == 0 ? 1 : (a.cols + T::kCols - 1) / T::kCols;
-  const std::int64_t tile_rows = (a.rows + T::kRows - 1) / T::kRows;
+  // No columns: no tiles however many rows (issue 19: [2^40, 0] must not launch 2^35 blocks).
+  const std::int64_t tile_rows = a.cols == 0 ? 0 : (a.rows + T::kRows - 1) / T::kRows;
   // One block per tile; an empty tensor still gets one block, which only writes scalars.
   const std::int64_t tiles = tile_rows * tiles_per_row;
   QR_CHECK(tiles <= INT_MAX, "float8 cast_transpose: ", a.rows, " x ", a.cols, " needs ", tiles,
@@ -456,16 +479,23 @@ void launch_cast_transpose(const CastTransposeArgs& a, const CastLaunch& l) {
                       (a.rowwise == nullptr || is_aligned(a.rowwise, T::kVector));
   flags.vector_columns = is_aligned(a.columnwise, 16) && a.rows % 16 == 0;
   const auto blocks = static_cast<unsigned>(tiles < 1 ? 1 : tiles);
-  launch(cast_transpose_kernel<In, Out>, blocks, T::kThreads, as_stream(a.stream),
+  launch(cast_transpose_kernel<In, Out, RowOut>, blocks, T::kThreads, as_stream(a.stream),
          l.overlap_previous, "cast_transpose_kernel", static_cast<const Storage*>(a.src),
          a.rows, a.cols, static_cast<unsigned>(tiles_per_row), l.reverse, a.rowwise,
-         a.columnwise, flags, l.scalars);
+         a.columnwise, flags, l.scalars, a.rowwise_scale);
 }
 
 template <class In, class Out>
 void dispatch_directions(const CastTransposeArgs& a, const CastLaunch& l) {
   // Rowwise only: a flat elementwise pass (no shared memory, no tiles). Otherwise the tiled
   // pass, which also writes the rowwise bytes when they are requested.
+  if constexpr (sizeof(typename In::Storage) == 2) {  // another format's rowwise cast
+    if (a.rowwise_own) {
+      if (a.rowwise_dtype == QR_DTYPE_E4M3) launch_cast_transpose<In, Out, E4M3Out>(a, l);
+      else launch_cast_transpose<In, Out, E5M2Out>(a, l);
+      return;
+    }
+  }
   if (a.columnwise == nullptr) launch_rowwise<In, Out>(a, l);
   else launch_cast_transpose<In, Out>(a, l);
 }
@@ -539,6 +569,11 @@ float compute_amax_to_host(const void* src, qr_dtype src_dtype, std::int64_t num
   return read_scalar(scratch.get(), device_index, stream);
 }
 
+bool cast_with_own_rowwise_supported(qr_dtype src_dtype, qr_dtype rowwise_dtype) {
+  return (src_dtype == QR_DTYPE_BF16 || src_dtype == QR_DTYPE_F16) &&
+         (rowwise_dtype == QR_DTYPE_E4M3 || rowwise_dtype == QR_DTYPE_E5M2);
+}
+
 void cast_transpose(const CastTransposeArgs& a) {
   sdk::cuda::check_source_dtype(a.src_dtype, kFormat, "cast_transpose");
   check_data_dtype(a.data_dtype, "cast_transpose");
@@ -553,6 +588,15 @@ void cast_transpose(const CastTransposeArgs& a) {
   QR_CHECK(!a.scale.tensor_amax || (a.scale.device_amax == nullptr && a.amax_mirror == nullptr),
            "float8 CUDA cast_transpose: scale.tensor_amax computes the amax itself; leave "
            "scale.device_amax and amax_mirror unset");
+  QR_CHECK(!a.rowwise_own ||
+               (cast_with_own_rowwise_supported(a.src_dtype, a.rowwise_dtype) &&
+                a.rowwise != nullptr && a.columnwise != nullptr &&
+                a.rowwise_scale_inv == nullptr &&
+                (a.rowwise_scale.device_amax != nullptr ||
+                 a.rowwise_scale.device_scale != nullptr)),
+           "float8 CUDA cast_transpose: rowwise_own needs a bf16 / f16 source, an e4m3 / e5m2 "
+           "rowwise type, both data buffers, no rowwise scale_inv and a device amax or scale "
+           "for the rowwise codes");
   for (const float* acc : a.amax_accumulate)
     QR_CHECK(acc == nullptr || acc != a.scale.device_amax,
              "float8 CUDA cast_transpose: the amax that sets the scale cannot also accumulate "

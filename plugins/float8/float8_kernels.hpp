@@ -60,9 +60,22 @@ struct CastTransposeArgs {
   // entry zeroes these buffers itself, in a launch the cast overlaps: delayed scaling).
   float* amax_out[2] = {nullptr, nullptr};
   ScaleSource scale;
+  // Optional (columnwise requested, bf16 / f16 sources, cast_with_own_rowwise_supported): the
+  // rowwise bytes are another format's per-tensor cast from the same read of the source (the
+  // hybrid fusion extra of plugin_abi.h, qr_tensor_cast), q = sat_rne(x * s) in
+  // rowwise_dtype, s = *rowwise_scale.device_scale, or scale_from_amax(
+  // *rowwise_scale.device_amax, fmax, pow2_scales, amax_epsilon): one of the two pointers set.
+  // Their scale_inv belongs to that format: rowwise_scale_inv must stay null.
+  bool rowwise_own = false;
+  qr_dtype rowwise_dtype = QR_DTYPE_E4M3;
+  ScaleSource rowwise_scale;
   int device_index = 0;
   void* stream = nullptr;
 };
+
+// Whether cast_transpose can write rowwise bytes of their own type and scale (rowwise_own):
+// a bf16 or f16 source, an e4m3 or e5m2 rowwise type.
+bool cast_with_own_rowwise_supported(qr_dtype src_dtype, qr_dtype rowwise_dtype);
 
 // *amax_out = max |x| over src (NaN ignored); the buffer is zeroed first, then reduced into.
 void compute_amax(const void* src, qr_dtype src_dtype, std::int64_t numel, float* amax_out,

@@ -69,6 +69,7 @@ void quantize_rowwise(const qr_tensor_view& src, float scale, qr_dtype data_dtyp
 
 void transpose_bytes(const std::uint8_t* in, std::int64_t rows, std::int64_t cols,
                      std::uint8_t* out) {
+  if (rows == 0 || cols == 0) return;  // no data: no work, however many rows (issue 19)
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
 }
@@ -81,6 +82,7 @@ void dequantize(const std::uint8_t* data, qr_dtype data_dtype, std::int64_t rows
                     dst_dtype == QR_DTYPE_F16,
                 QR_STATUS_UNSUPPORTED, "float8 dequantizes into f32, bf16 or f16; got ",
                 dtype_str(dst_dtype));
+  if (rows == 0 || cols == 0) return;  // no data: no work, however many rows (issue 19)
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t c = 0; c < cols; ++c) {
       const std::uint8_t code = transposed ? data[c * rows + r] : data[r * cols + c];

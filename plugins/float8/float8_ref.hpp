@@ -1,4 +1,4 @@
-// CPU reference of the float8 format: the executable specification (DESIGN.md section 7,
+// CPU reference of the float8 format: the executable specification (docs/numerics.md,
 // "float8"). The CUDA kernels in float8_kernels.cu must produce the same bytes, scale_inv and
 // amax bit for bit; test_float8.cpp and the conformance suite hold both to this file.
 //
@@ -39,7 +39,7 @@ float decode_scaled(std::uint8_t code, qr_dtype data_dtype, float scale_inv);
 // max |x| over every element of src (host memory, f32/bf16/f16); NaN ignored; 0 if empty.
 float amax(const qr_tensor_view& src);
 
-// Current scaling: the per-tensor scale for an amax (DESIGN.md section 7, scale_from_amax).
+// Current scaling: the per-tensor scale for an amax (docs/numerics.md, "float8": scale_from_amax).
 float current_scale(float amax, qr_dtype data_dtype, bool pow2_scales, float amax_epsilon);
 
 // Rowwise data: out[r * cols + c] = encode(fp32(src[r][c]) * scale), for the logical

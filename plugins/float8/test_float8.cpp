@@ -1,6 +1,6 @@
 // doctest suite of the float8 plugin, driven through the engine (registry -> plugin -> C ABI),
-// never by calling the plugin's C++ directly (STYLE.md: tests that bypass the plugin
-// interface are an anti-pattern).
+// never by calling the plugin's C++ directly (docs/architecture.md, "Conventions", rule 7: tests
+// that bypass the plugin interface are an anti-pattern).
 //
 // Map
 //   1. helpers (specs, engines, byte access)

@@ -1,4 +1,4 @@
-// hybrid format plugin: a different format per direction (DESIGN.md sections 5-7, "hybrid").
+// hybrid format plugin: a different format per direction (docs/numerics.md, "hybrid").
 //
 //   quantizer:
 //     format: hybrid
@@ -42,12 +42,20 @@
 //     comes from the host table's scratch_alloc on the source's device: the engine's allocator
 //     on the CPU, stream-ordered on the caller's stream on CUDA (no host synchronization);
 //     it is freed on every path, errors included.
+//   - Both directions from one read (columnwise_source: input, both requested): when one
+//     side's plugin offers QR_EXTRA_PREPARE_TENSOR_CAST (float8 current scaling on CUDA) and
+//     the other's QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST (mxfp8, nvfp4 1-D, float8 current scaling,
+//     on CUDA), the second plugin's kernel writes the first side's per-tensor cast while it
+//     quantizes its own direction (quantize_fused); each side's bytes are its plugin's own,
+//     so the result is the two-call path's. Anything the extras refuse runs the two calls.
+//     QRECIPE_HYBRID_FUSE=0 turns the fusion off.
 //   - quantize_into (in-place requantize) is the same call: both subs requantize in place.
 //   - Devices: the descriptor declares cpu and cuda; each sub-quantizer enforces its own device
 //     support with its own error (no fallback anywhere).
 //   - Nesting a hybrid in a hybrid is refused by the engine when it validates the spec (any
 //     format that takes quantizer options cannot be nested), with file:line:column.
 #include <array>
+#include <cstdlib>
 #include <memory>
 #include <cstdint>
 #include <string>
@@ -160,6 +168,19 @@ class SubQuantizer {
     sdk::check_host(sdk::host()->quantizer_describe(handle_, buffer, sizeof buffer), context_);
     return buffer;
   }
+  // The extra `name` of this side's plugin (nullptr when it has none, or the host cannot
+  // reach extras), with the plugin's own quantizer handle to call it with.
+  void* extra(const char* name, qr_quantizer** inner) const {
+    const qr_host_api* host = sdk::host();
+    *inner = nullptr;
+    if (host == nullptr || host->struct_size < sizeof(qr_host_api) ||
+        host->quantizer_extra == nullptr)
+      return nullptr;
+    void* fn = nullptr;
+    sdk::check_host(host->quantizer_extra(handle_, name, &fn, inner), context_);
+    return *inner != nullptr ? fn : nullptr;
+  }
+  const std::string& context() const { return context_; }
 
  private:
   std::string format_;
@@ -342,6 +363,9 @@ class HybridQuantizer final : public sdk::QuantizerBase {
     const float* given_row = args.amax ? &args.amax[0] : nullptr;
     const float* given_col = args.amax ? &args.amax[1] : nullptr;
 
+    if (source_ == ColumnwiseSource::input && want_rowwise && want_columnwise && fusion_enabled() &&
+        quantize_fused(src, args, given_row, given_col, dst))
+      return;
     if (source_ == ColumnwiseSource::input || !want_columnwise) {
       if (want_rowwise) quantize_side(QR_DIRECTION_ROWWISE, src, args, given_row, dst);
       if (want_columnwise) quantize_side(QR_DIRECTION_COLUMNWISE, src, args, given_col, dst);
@@ -377,6 +401,78 @@ class HybridQuantizer final : public sdk::QuantizerBase {
     const qr_quantize_args a = sub_args(args, d, given, amax);
     qr_quantized_tensor view = single_direction(dst, d, sub.format());
     sub.quantize(src, a, view);
+  }
+
+  // Both directions from one read of the source (plugin_abi.h, qr_tensor_cast): when one
+  // side's plugin can describe its direction as a per-tensor cast (prepare: its amax pass and
+  // scalars) and the other side's plugin can write such a cast while it quantizes its own
+  // direction, the second plugin's kernel writes both. Tried with the rowwise side as the cast
+  // first, then the columnwise side. Each side's bytes are exactly its plugin's own (the
+  // contracts of the two extras), so the result equals the two-call path's. Returns false,
+  // having left dst to the two-call path, when no pair of extras accepts the call.
+  bool quantize_fused(const qr_tensor_view& src, const qr_quantize_args& args,
+                      const float* given_row, const float* given_col,
+                      qr_quantized_tensor& dst) const {
+    for (const qr_direction cast_side : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+      const qr_direction own_side =
+          cast_side == QR_DIRECTION_ROWWISE ? QR_DIRECTION_COLUMNWISE : QR_DIRECTION_ROWWISE;
+      const SubQuantizer& caster = side(cast_side);
+      const SubQuantizer& fuser = side(own_side);
+      qr_quantizer* caster_q = nullptr;
+      qr_quantizer* fuser_q = nullptr;
+      const auto prepare = reinterpret_cast<qr_prepare_tensor_cast_fn>(
+          caster.extra(QR_EXTRA_PREPARE_TENSOR_CAST, &caster_q));
+      const auto fuse = reinterpret_cast<qr_quantize_with_tensor_cast_fn>(
+          fuser.extra(QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST, &fuser_q));
+      if (prepare == nullptr || fuse == nullptr) continue;
+      const float* given_cast = cast_side == QR_DIRECTION_ROWWISE ? given_row : given_col;
+      const float* given_own = own_side == QR_DIRECTION_ROWWISE ? given_row : given_col;
+      std::array<float, 2> cast_amax{}, own_amax{};
+      const qr_quantize_args cast_args = sub_args(args, cast_side, given_cast, cast_amax);
+      const qr_quantize_args own_args = sub_args(args, own_side, given_own, own_amax);
+      // Probe the fusing side with the cast's dtype and orientation before anything runs.
+      const qr_direction_layout cast_layout = caster.layout(dst.rows, dst.cols, cast_side);
+      qr_tensor_cast cast{};
+      cast.struct_size = sizeof(qr_tensor_cast);
+      cast.dtype = cast_layout.data_dtype;
+      cast.transposed = cast_layout.data_transposed;
+      if (!accepted(fuse(fuser_q, &src, &own_args, nullptr, &cast), fuser.context())) continue;
+      qr_quantized_tensor cast_view = single_direction(dst, cast_side, caster.format());
+      if (!accepted(prepare(caster_q, &src, &cast_args, &cast_view, &cast), caster.context()))
+        continue;
+      qr_quantized_tensor own_view = single_direction(dst, own_side, fuser.format());
+      // The probe accepted this call, so UNSUPPORTED here would break the extra's contract;
+      // should it happen anyway, the two-call path rewrites both directions.
+      if (accepted(fuse(fuser_q, &src, &own_args, &own_view, &cast), fuser.context()))
+        return true;
+    }
+    return false;
+  }
+
+  // True for success, false for QR_STATUS_UNSUPPORTED (released); any other error is thrown
+  // with `context`.
+  static bool accepted(qr_status status, const std::string& context) {
+    if (status == nullptr) return true;
+    const qr_host_api* host = sdk::host();
+    if (host->error_code(status) == QR_STATUS_UNSUPPORTED) {
+      host->error_free(status);
+      return false;
+    }
+    sdk::check_host(status, context);
+    return false;  // unreachable: check_host threw
+  }
+
+  // QRECIPE_HYBRID_FUSE=0 turns the one-read path off (the two-call path then runs every
+  // time, e.g. to time both); unset or 1: on.
+  static bool fusion_enabled() {
+    static const bool on = [] {
+      const char* v = std::getenv("QRECIPE_HYBRID_FUSE");
+      const std::string s = v ? v : "";
+      QR_CHECK(s.empty() || s == "0" || s == "1", "QRECIPE_HYBRID_FUSE='", s,
+               "' is not 0 or 1 (unset it for the default, 1)");
+      return s != "0";
+    }();
+    return on;
   }
 
   // columnwise_source: rowwise_dequantized with the columnwise side requested. One sequence

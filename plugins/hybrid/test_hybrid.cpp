@@ -389,7 +389,11 @@ TEST_CASE("hybrid: caller amaxes go to their own side only") {
       {spec("nvfp4", {{"2d", "true"}}), spec("float8")},
       {spec("float8"), spec("float8", {{"dtype", "e5m2"}})},
       {spec("mxfp8"), spec("nvfp4", {{"2d", "true"}})}};
-  for (const auto& [row, col] : pairs) {
+  for (const auto& pair : pairs) {
+    // Not a structured binding: INFO captures by a lambda, which clang 14 does not allow on
+    // one (the clang sanitizer build compiles this file).
+    const QuantizerSpec& row = pair.first;
+    const QuantizerSpec& col = pair.second;
     INFO(row.str(), " / ", col.str());
     const auto hq = engine->make_quantizer(hybrid(row, col), role());
     const auto rq = engine->make_quantizer(row, role());
@@ -420,8 +424,10 @@ TEST_CASE("hybrid: quantize_into requantizes both sides in place") {
   const Tensor x1 = make_input(64, 128, 9);
   const Tensor x2 = make_input(64, 128, 10);
   for (const std::string source : {"input", "rowwise_dequantized"}) {
-    for (const auto& [row, col] : std::vector<std::pair<QuantizerSpec, QuantizerSpec>>{
+    for (const auto& pair : std::vector<std::pair<QuantizerSpec, QuantizerSpec>>{
              {spec("float8"), spec("mxfp8")}, {spec("blockwise"), spec("nvfp4")}}) {
+      const QuantizerSpec& row = pair.first;
+      const QuantizerSpec& col = pair.second;
       INFO(row.str(), " / ", col.str(), " ", source);
       const auto hq = engine->make_quantizer(hybrid(row, col, source), role("weight"));
       QuantizedTensor h = hq->quantize(x1.view(), kBoth);
@@ -584,14 +590,16 @@ TEST_CASE("hybrid: nesting a hybrid in a hybrid is a clear error naming file:lin
   INFO(what);
   REQUIRE_FALSE(what.empty());
   CHECK(what.find("nested.yaml:8:9") != std::string::npos);  // the nested spec's map
-  CHECK(what.find("nesting a hybrid in a hybrid") != std::string::npos);
+  CHECK(what.find("a nested spec cannot nest again: format 'hybrid' takes nested quantizers "
+                  "itself") != std::string::npos);
+  CHECK(what.find("(loaded: ") != std::string::npos);  // the formats that can be nested
   CHECK(what.find("columnwise") != std::string::npos);  // the key path
 
   // The same through code: validate_spec refuses it too.
   CHECK_THROWS_WITH_AS(
       qrecipe::validate_spec(hybrid(spec("float8"), hybrid(spec("float8"), spec("mxfp8"))),
                              *registry()),
-      doctest::Contains("nesting a hybrid in a hybrid"), qrecipe::RecipeError);
+      doctest::Contains("a nested spec cannot nest again"), qrecipe::RecipeError);
 }
 
 TEST_CASE("hybrid: a missing or unusable side is a clear error") {
@@ -788,6 +796,83 @@ TEST_CASE("hybrid: rowwise_dequantized on a CUDA source runs on the device, no h
 
 std::string source_path(const std::string& relative) {
   return std::string(QRECIPE_SOURCE_DIR) + "/" + relative;
+}
+
+// The one-read extras (plugin_abi.h, qr_tensor_cast): which plugins offer them, and their
+// refusals. Their bytes on CUDA sources are checked by test_gpu_parity (the hybrid pairs there
+// take the fused path for bf16 sources and must equal the CPU reference).
+TEST_CASE("hybrid: tensor-cast fusion extras are offered by float8, mxfp8 and nvfp4") {
+  if (!have_all({"float8", "mxfp8", "nvfp4", "blockwise"})) return;
+  auto engine = make_engine();
+  const auto f8 = engine->make_quantizer(spec("float8"), role());
+  const auto delayed = engine->make_quantizer(spec("float8", {{"scaling", "delayed"}}), role());
+  const auto mx = engine->make_quantizer(spec("mxfp8"), role());
+  const auto nv = engine->make_quantizer(spec("nvfp4"), role());
+  const auto bw = engine->make_quantizer(spec("blockwise"), role());
+  auto extra = [](const Quantizer& q, const char* name) {
+    return q.plugin().c().get_proc_address(name);
+  };
+  const auto prepare = reinterpret_cast<qr_prepare_tensor_cast_fn>(
+      extra(*f8, QR_EXTRA_PREPARE_TENSOR_CAST));
+  REQUIRE(static_cast<bool>(prepare));
+  CHECK(extra(*mx, QR_EXTRA_PREPARE_TENSOR_CAST) == nullptr);
+  CHECK(extra(*nv, QR_EXTRA_PREPARE_TENSOR_CAST) == nullptr);
+  CHECK(extra(*bw, QR_EXTRA_PREPARE_TENSOR_CAST) == nullptr);
+  CHECK(extra(*bw, QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST) == nullptr);
+
+  // The status an extra returned: its code (released).
+  auto code_of = [](qr_status status) {
+    if (status == nullptr) return QR_STATUS_OK;
+    try {
+      qrecipe::throw_if_error(status, "extra");
+    } catch (const qrecipe::Error& e) {
+      return e.code();
+    }
+    return QR_STATUS_INTERNAL;
+  };
+  const Tensor x = make_input(32, 64, 7);
+  qr_tensor_cast cast{};
+  cast.struct_size = sizeof(qr_tensor_cast);
+  cast.dtype = QR_DTYPE_E4M3;
+  qr_quantize_args args{};
+  args.struct_size = sizeof(qr_quantize_args);
+  for (const auto& q : {f8, mx, nv}) {
+    INFO("fusing plugin ", q->format());
+    const auto fuse = reinterpret_cast<qr_quantize_with_tensor_cast_fn>(
+        extra(*q, QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST));
+    REQUIRE(static_cast<bool>(fuse));
+    // CPU sources are refused (probe and call alike), before anything is written.
+    args.usage = kCol;
+    CHECK(code_of(fuse(q->handle(), &x.view().c(), &args, nullptr, &cast)) ==
+          QR_STATUS_UNSUPPORTED);
+    QuantizedTensor t = q->quantize(x.view(), kCol);
+    const std::vector<std::uint8_t> before = bytes_of(t.data(kColDir));
+    CHECK(code_of(fuse(q->handle(), &x.view().c(), &args, &t.c(), &cast)) ==
+          QR_STATUS_UNSUPPORTED);
+    CHECK(bytes_of(t.data(kColDir)) == before);
+  }
+  // float8: CPU tensors and delayed scaling are refused untouched.
+  args.usage = kRow;
+  QuantizedTensor t = f8->quantize(x.view(), kRow);
+  const std::vector<std::uint8_t> before = bytes_of(t.scale_inv(kRowDir));
+  CHECK(code_of(prepare(f8->handle(), &x.view().c(), &args, &t.c(), &cast)) ==
+        QR_STATUS_UNSUPPORTED);
+  CHECK(code_of(prepare(delayed->handle(), &x.view().c(), &args, &t.c(), &cast)) ==
+        QR_STATUS_UNSUPPORTED);
+  // A delayed-scaling float8 does not fuse a cast either (probe), whatever the device.
+  const auto fuse_f8 = reinterpret_cast<qr_quantize_with_tensor_cast_fn>(
+      extra(*delayed, QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST));
+  REQUIRE(static_cast<bool>(fuse_f8));
+  args.usage = kCol;
+  CHECK(code_of(fuse_f8(delayed->handle(), &x.view().c(), &args, nullptr, &cast)) ==
+        QR_STATUS_UNSUPPORTED);
+  args.usage = kRow;
+  CHECK(bytes_of(t.scale_inv(kRowDir)) == before);
+  // On the CPU a hybrid of a fusable pair runs the two calls: the plain sub-formats' bytes.
+  const auto hq = engine->make_quantizer(hybrid(spec("float8"), spec("mxfp8")), role());
+  const QuantizedTensor h = hq->quantize(x.view(), kBoth);
+  check_same_direction(h, f8->quantize(x.view(), kRow), kRowDir);
+  check_same_direction(h, mx->quantize(x.view(), kCol), kColDir);
 }
 
 TEST_CASE("hybrid: the shipped hybrid recipes are valid") {

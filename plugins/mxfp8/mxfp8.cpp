@@ -1,5 +1,5 @@
 // mxfp8 format plugin: OCP MX FP8 with TransformerEngine's numerics. Blocks of 32 elements
-// share one E8M0 (power-of-two) scale (DESIGN.md section 7, "mxfp8"; the rules themselves are
+// share one E8M0 (power-of-two) scale (docs/numerics.md, "mxfp8"; the rules themselves are
 // in mxfp8_ref.hpp).
 //
 // Map of this file
@@ -30,10 +30,12 @@
 #include <string>
 #include <vector>
 
+#include "mxfp8_adam_kernels.hpp"
 #include "mxfp8_ref.hpp"
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 #include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/plugin_sdk_adam.hpp"
 #include "qrecipe/plugin_sdk_checks.hpp"
 #include "qrecipe/plugin_sdk_tensor.hpp"
 // No CUDA types in these two (their functions are defined only in CUDA builds); the
@@ -159,7 +161,7 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
     const bool columnwise = d == QR_DIRECTION_COLUMNWISE;
     const std::int64_t ld = columnwise ? ref::columnwise_scale_shape(0, cols).cols
                                        : ref::rowwise_scale_shape(0, cols).cols;
-    data = static_cast<std::size_t>(rows * cols);
+    data = static_cast<std::size_t>(qrecipe::checked_mul(rows, cols, "device-split grouped data bytes"));
     scales = static_cast<std::size_t>(cuda::device_scale_bytes(rows, ld, groups, columnwise));
   }
 
@@ -198,6 +200,55 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
 #else
     (void)args;  // unreachable: check_grouped_device_source refuses CUDA sources in this build
     (void)dst;
+#endif
+  }
+
+  // The fused Adam + requantize extra (plugin_sdk_adam.hpp, mxfp8_adam_kernels.cu): what the
+  // fused kernel needs (t's destination is checked against layout() already).
+  cuda::AdamPlan adam_plan(const qr_adam_tensor& t) const {
+    cuda::AdamPlan p;
+    p.data_dtype = data_dtype_;
+    p.rowwise_scale_ld = t.dst->rowwise.layout.scale_shape[1];
+    p.columnwise_scale_ld = t.dst->columnwise.layout.scale_shape[1];
+    return p;
+  }
+
+  // The hybrid fusion extra QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST (plugin_abi.h): quantize the
+  // columnwise direction and write another format's per-tensor cast (float8's rowwise side of
+  // a hybrid) from the same read of the source: the CTA tile that makes the 32x1 blocks also
+  // casts its elements with the one scale (mxfp8_device.cuh, Cast). Supported: CUDA, a
+  // contiguous bf16 / f16 source, this quantizer's columnwise direction alone, an e4m3 / e5m2
+  // cast that is not transposed (the cast shares the source's [rows, cols] order, as the MX
+  // data does). Anything else is UNSUPPORTED before a byte is written.
+  void quantize_with_tensor_cast(const qr_tensor_view& src, const qr_quantize_args& args,
+                                 qr_quantized_tensor* dst, const qr_tensor_cast& cast) {
+    const bool cuda_source = src.device.type == QR_DEVICE_CUDA && sdk::kHasCuda;
+    bool supported = cuda_source && sdk::is_contiguous(src) && cast.transposed == 0;
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    supported = supported && cuda::quantize_with_cast_supported(
+                                 static_cast<qr_dtype>(src.dtype),
+                                 (args.usage & QR_USAGE_ROWWISE) != 0,
+                                 (args.usage & QR_USAGE_COLUMNWISE) != 0,
+                                 static_cast<qr_dtype>(cast.dtype));
+#endif
+    QR_CHECK_CODE(supported, QR_STATUS_UNSUPPORTED, "mxfp8 quantize_with_tensor_cast: needs a "
+                  "contiguous bf16 / f16 CUDA source, usage columnwise alone and an untransposed "
+                  "e4m3 / e5m2 cast; got ", sdk::dtype_str(static_cast<qr_dtype>(src.dtype)),
+                  " on ", sdk::device_str(src.device), ", usage ", args.usage, ", cast dtype ",
+                  sdk::dtype_str(static_cast<qr_dtype>(cast.dtype)), (cast.transposed ?
+                  " transposed" : ""));
+    if (dst == nullptr) return;  // a probe
+    const std::uint32_t usage =
+        sdk::check_quantize_call(src, args, *dst, kFormat, "quantize_with_tensor_cast", *this);
+    QR_CHECK(cast.data != nullptr && (cast.scale != nullptr || cast.amax != nullptr),
+             "mxfp8 quantize_with_tensor_cast: the cast has no data buffer, or neither a scale "
+             "nor an amax");
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    cuda::QuantizeArgs a = cuda_args(src, usage, *dst, args.stream);
+    a.cast = cast;
+    cuda::quantize(a);
+#else
+    (void)usage;
 #endif
   }
 
@@ -314,6 +365,7 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
 
 // ---------------------------------------------------------------- 3. exported symbols
 
-QR_DEFINE_PLUGIN(qrecipe::mxfp8::Mxfp8Quantizer, "mxfp8", "1.0.0",
-                 "MXFP8: E4M3/E5M2 elements in blocks of 32 sharing an E8M0 scale",
-                 qrecipe::mxfp8::kSchema, ::qrecipe::sdk::kBuiltDevices)
+QR_DEFINE_PLUGIN_EX(qrecipe::mxfp8::Mxfp8Quantizer, "mxfp8", "1.0.0",
+                    "MXFP8: E4M3/E5M2 elements in blocks of 32 sharing an E8M0 scale",
+                    qrecipe::mxfp8::kSchema, ::qrecipe::sdk::kBuiltDevices,
+                    &qrecipe::sdk::adam_extras<qrecipe::mxfp8::Mxfp8Quantizer>)

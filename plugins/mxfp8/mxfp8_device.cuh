@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "mxfp8_kernels.hpp"
 #include "mxfp8_numerics.hpp"
@@ -18,6 +19,7 @@
 #include "qrecipe/cuda_sdk.cuh"
 #include "qrecipe/fast_conversions.cuh"
 #include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/scaling.hpp"
 
 namespace qrecipe::mxfp8::cuda {
 
@@ -48,6 +50,10 @@ struct E5M2Codes {
   static constexpr bool kE4M3 = false;
   static constexpr float kRcp = num_mx::kRcpE5M2;
 };
+
+// No per-tensor cast beside the MX directions (the Cast parameter of the tile code; a cast is
+// E4M3Codes or E5M2Codes, whose kE4M3 picks the encoder).
+struct NoCast {};
 
 inline constexpr int kBlock = 32;  // elements per MX block (ref::kBlockSize)
 
@@ -95,7 +101,25 @@ struct QuantizeParams {
   bool columnwise_store_aligned;  // cols % 8 == 0 and columnwise data 8-byte aligned
   bool rowwise_scale_aligned;     // rowwise_scale_ld % 8 == 0 and rowwise scale 8-byte aligned
   bool all_aligned;               // every flag above that the request uses
+  // The per-tensor cast of QuantizeArgs::cast (mxfp8_kernels.hpp; kernels with a Cast only):
+  // data [rows, cols] and where its scale comes from.
+  std::uint8_t* cast_data;
+  const float* cast_scale;
+  const float* cast_amax;
+  float cast_fmax;
+  bool cast_pow2_scales;
+  float cast_amax_epsilon;
+  bool cast_store_aligned;        // cols % 8 == 0 and cast data 8-byte aligned
 };
+
+// The scale of the per-tensor cast: *cast_scale, or scale_from_amax of the device amax (the
+// rule of qrecipe/scaling.hpp that float8 applies, so the codes are float8's own).
+template <class In>
+__device__ __forceinline__ float cast_scale_of(const QuantizeParams<In>& p) {
+  if (p.cast_scale != nullptr) return __ldcg(p.cast_scale);
+  return scale_from_amax(__ldcg(p.cast_amax), p.cast_fmax, p.cast_pow2_scales,
+                         p.cast_amax_epsilon);
+}
 
 // The codes of x[k] * factor[k] (num_mx::encode: one FP32 multiply by 2^(127-e), then
 // sat_rne), as two little-endian words. The hardware conversion equals num::f32_to_e4m3 /
@@ -124,12 +148,15 @@ __device__ __forceinline__ void encode_run(const float (&x)[8], const float (&fa
 
 // Quantizes the CTA tile at rows row0 .., columns cta_col .. . kInterior: the tile lies inside
 // the tensor and every buffer is aligned (p.all_aligned), so every run is a whole vector.
-template <bool kInterior, class In, class Codes, Directions D>
+// Cast (NoCast, E4M3Codes, E5M2Codes): also the per-tensor cast of p.cast_* into p.cast_data,
+// stored at the rowwise data's offsets (the hybrid fusion extra).
+template <bool kInterior, class In, class Codes, Directions D, class Cast = NoCast>
 __device__ __forceinline__ void quantize_cta_tile(const QuantizeParams<In>& p, std::int64_t row0,
                                                   std::int64_t cta_col,
                                                   std::uint8_t (*row_scales)[8]) {
   using T = QuantizeTile<In, D>;
   constexpr bool kRowwise = has_rowwise(D), kColumnwise = has_columnwise(D);
+  constexpr bool kCast = !std::is_same_v<Cast, NoCast>;
   constexpr int R = sdk::cuda::kTileRowsPerLane, C = sdk::cuda::kTileColsPerLane;
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int rg = lane / 4, cg = lane % 4;
@@ -200,6 +227,9 @@ __device__ __forceinline__ void quantize_cta_tile(const QuantizeParams<In>& p, s
     sdk::cuda::gather_column_values(num::e8m0_encode_factor(e), col_factor);
   }
 
+  float cast_scale = 0.0f;
+  if constexpr (kCast) cast_scale = cast_scale_of(p);
+
   // Codes, row by row: both directions of a row are encoded and stored before the next, so
   // each row's elements die early (fewer live registers than one direction after the other).
 #pragma unroll
@@ -221,6 +251,15 @@ __device__ __forceinline__ void quantize_cta_tile(const QuantizeParams<In>& p, s
       if (kInterior || valid > 0)
         store_bytes8(p.columnwise_data, offset, valid,
                      kInterior || (p.columnwise_store_aligned && valid == C), lo, hi);
+    }
+    if constexpr (kCast) {
+      const float f[C] = {cast_scale, cast_scale, cast_scale, cast_scale,
+                          cast_scale, cast_scale, cast_scale, cast_scale};
+      std::uint32_t lo, hi;
+      encode_run<Cast>(x[i], f, has_nan, lo, hi);  // sat_rne(x * s), NaN -> 0x7F
+      if (kInterior || valid > 0)
+        store_bytes8(p.cast_data, offset, valid,
+                     kInterior || (p.cast_store_aligned && valid == C), lo, hi);
     }
   }
 
@@ -248,11 +287,11 @@ __device__ __forceinline__ void quantize_cta_tile(const QuantizeParams<In>& p, s
 // The edge tiles, out of line: their bounds checks and scalar fallbacks keep more values live,
 // and as a separate function they get their own register allocation (spills there, if any,
 // stay off the interior path).
-template <class In, class Codes, Directions D>
+template <class In, class Codes, Directions D, class Cast = NoCast>
 __device__ __noinline__ void quantize_edge_tile(const QuantizeParams<In> p, std::int64_t row0,
                                                 std::int64_t cta_col,
                                                 std::uint8_t (*row_scales)[8]) {
-  quantize_cta_tile<false, In, Codes, D>(p, row0, cta_col, row_scales);
+  quantize_cta_tile<false, In, Codes, D, Cast>(p, row0, cta_col, row_scales);
 }
 
 // The parameters of quantize_cta_tile for one tensor (one group of a grouped call) described
@@ -279,9 +318,17 @@ __host__ __device__ QuantizeParams<In> quantize_params(const QuantizeArgs& a) {
   p.columnwise_store_aligned = a.cols % 8 == 0 && is_aligned(a.columnwise_data, 8);
   // A CTA's scales start at block kWarps * (CTA column), a multiple of 8.
   p.rowwise_scale_aligned = a.rowwise_scale_ld % 8 == 0 && is_aligned(a.rowwise_scale, 8);
+  p.cast_data = a.cast.data;
+  p.cast_scale = a.cast.scale;
+  p.cast_amax = a.cast.amax;
+  p.cast_fmax = a.cast.fmax;
+  p.cast_pow2_scales = a.cast.pow2_scales != 0;
+  p.cast_amax_epsilon = a.cast.amax_epsilon;
+  p.cast_store_aligned = a.cols % 8 == 0 && is_aligned(a.cast.data, 8);
   p.all_aligned = p.load_aligned &&
                   (!has_rowwise(D) || (p.rowwise_store_aligned && p.rowwise_scale_aligned)) &&
-                  (!has_columnwise(D) || p.columnwise_store_aligned);
+                  (!has_columnwise(D) || p.columnwise_store_aligned) &&
+                  (a.cast.data == nullptr || p.cast_store_aligned);
   return p;
 }
 

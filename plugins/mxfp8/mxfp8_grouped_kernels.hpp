@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "qrecipe/checked.hpp"
+
 #include "mxfp8_kernels.hpp"
 #include "qrecipe/plugin_abi.h"
 
@@ -49,9 +51,14 @@ struct DeviceGroupedArgs {
 };
 
 // Scale bytes of one direction for any split of `rows` rows into `groups` groups.
+// Checked: a qrecipe::Error rather than a wrapped size.
 inline std::int64_t device_scale_bytes(std::int64_t rows, std::int64_t scale_ld, std::int64_t groups,
                                        bool columnwise) {
-  return scale_ld * (columnwise ? rows / 32 + 4 * groups : rows + 127 * groups);
+  using qrecipe::checked_add, qrecipe::checked_mul;
+  constexpr const char* what = "device-split grouped scale bytes";
+  const std::int64_t n = columnwise ? checked_add(rows / 32, checked_mul(4, groups, what), what)
+                                    : checked_add(rows, checked_mul(127, groups, what), what);
+  return checked_mul(scale_ld, n, what);
 }
 
 void quantize_grouped_device(const DeviceGroupedArgs& args);

@@ -1,6 +1,7 @@
 // CUDA kernels of the mxfp8 format, bit-exact with mxfp8_ref.cpp.
 //
-// Map of this file (STYLE.md rule 11: helpers, kernels, launchers, entries):
+// Map of this file (docs/architecture.md, "Conventions", rule 11: helpers, kernels,
+// launchers, entries):
 //   1. checking and the element traits it uses (qrecipe/cuda_sdk.cuh)
 //   2. kernels: fused rowwise + columnwise quantize (the CTA tile is mxfp8_device.cuh's
 //      quantize_cta_tile, shared with the grouped kernel), the dequantize decode (the kernel
@@ -14,7 +15,7 @@
 // --ftz=false --prec-div=true (QrecipeCompileFlags.cmake), so the device performs the same IEEE
 // operations. The sat_rne of the scaled element is the hardware cvt.rn.satfinite of
 // qrecipe/fast_conversions.cuh, equal to num::f32_to_e4m3 / f32_to_e5m2 on every FP32 input
-// (tests/gpu/test_gpu_conversions, all 2^32 inputs), with the reference's NaN code applied to
+// (tests/gpu/test_gpu_conversions.cpp, all 2^32 inputs), with the reference's NaN code applied to
 // the runs that hold a NaN. A block amax is an exact max (NaN ignored by fmaxf), so neither its
 // reduction order nor the zeros that pad a partial tile change it.
 //
@@ -34,6 +35,7 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "mxfp8_device.cuh"
 #include "mxfp8_numerics.hpp"
@@ -55,9 +57,12 @@ using sdk::cuda::F32Out;
 
 // ---------------------------------------------------------------- 2. kernels
 
-template <class In, class Codes, Directions D>
+// A kernel that also writes a per-tensor cast stores two directions, like kBoth: 3 CTAs an SM
+// (80 registers; at 4, 64 registers spilled).
+template <class In, class Codes, Directions D, class Cast = NoCast>
 __global__ void __launch_bounds__(QuantizeTile<In, D>::kThreads,
-                                  QuantizeTile<In, D>::kMinBlocksPerSM)
+                                  std::is_same_v<Cast, NoCast> ? QuantizeTile<In, D>::kMinBlocksPerSM
+                                                               : 3)
     quantize_kernel(const QuantizeParams<In> p) {
   using T = QuantizeTile<In, D>;
   // Rowwise scales of the CTA tile, [tile row][warp].
@@ -67,9 +72,9 @@ __global__ void __launch_bounds__(QuantizeTile<In, D>::kThreads,
   for (std::int64_t tile = blockIdx.y; tile < p.row_tiles; tile += gridDim.y) {
     const std::int64_t row0 = tile * T::kRows;
     if (p.all_aligned && row0 + T::kRows <= p.rows && cta_col + T::kCols <= p.cols)
-      quantize_cta_tile<true, In, Codes, D>(p, row0, cta_col, row_scales);
+      quantize_cta_tile<true, In, Codes, D, Cast>(p, row0, cta_col, row_scales);
     else
-      quantize_edge_tile<In, Codes, D>(p, row0, cta_col, row_scales);
+      quantize_edge_tile<In, Codes, D, Cast>(p, row0, cta_col, row_scales);
     if (has_rowwise(D) && tile + gridDim.y < p.row_tiles) __syncthreads();  // row_scales reused
   }
 }
@@ -105,7 +110,7 @@ void check_data_dtype(qr_dtype dtype, const char* entry) {
            ": data dtype code ", static_cast<int>(dtype), " is not e4m3 or e5m2");
 }
 
-template <class In, class Codes, Directions D>
+template <class In, class Codes, Directions D, class Cast = NoCast>
 void launch_quantize(const QuantizeArgs& a) {
   using T = QuantizeTile<In, D>;
   const QuantizeParams<In> p = quantize_params<In, D>(a);
@@ -115,12 +120,21 @@ void launch_quantize(const QuantizeArgs& a) {
   constexpr std::int64_t kMaxGridY = 65535;  // CUDA's limit; the kernel loops past it
   const dim3 grid(static_cast<unsigned>(col_tiles),
                   static_cast<unsigned>(p.row_tiles < kMaxGridY ? p.row_tiles : kMaxGridY));
-  quantize_kernel<In, Codes, D><<<grid, T::kThreads, 0, as_stream(a.stream)>>>(p);
+  quantize_kernel<In, Codes, D, Cast><<<grid, T::kThreads, 0, as_stream(a.stream)>>>(p);
   QR_CUDA_CHECK_LAUNCH("mxfp8 quantize_kernel");
 }
 
 template <class In, class Codes>
 void dispatch_directions(const QuantizeArgs& a) {
+  if constexpr (sizeof(typename In::Storage) == 2) {  // the fused cast: 16-bit sources
+    if (a.cast.data != nullptr) {
+      if (a.cast.dtype == QR_DTYPE_E4M3)
+        launch_quantize<In, Codes, Directions::kColumnwise, E4M3Codes>(a);
+      else
+        launch_quantize<In, Codes, Directions::kColumnwise, E5M2Codes>(a);
+      return;
+    }
+  }
   if (a.columnwise_data == nullptr) launch_quantize<In, Codes, Directions::kRowwise>(a);
   else if (a.rowwise_data == nullptr) launch_quantize<In, Codes, Directions::kColumnwise>(a);
   else launch_quantize<In, Codes, Directions::kBoth>(a);
@@ -133,6 +147,12 @@ void dispatch_quantize(const QuantizeArgs& a) {
 }
 
 }  // namespace
+
+bool quantize_with_cast_supported(qr_dtype src_dtype, bool rowwise, bool columnwise,
+                                  qr_dtype cast_dtype) {
+  return (src_dtype == QR_DTYPE_BF16 || src_dtype == QR_DTYPE_F16) && !rowwise && columnwise &&
+         (cast_dtype == QR_DTYPE_E4M3 || cast_dtype == QR_DTYPE_E5M2);
+}
 
 void quantize(const QuantizeArgs& a) {
   sdk::cuda::check_source_dtype(a.src_dtype, kFormat, "quantize");
@@ -151,6 +171,13 @@ void quantize(const QuantizeArgs& a) {
                (a.columnwise_scale != nullptr && a.columnwise_scale_ld >= a.cols),
            "mxfp8 CUDA quantize: the columnwise scale buffer is null or its rows (",
            a.columnwise_scale_ld, " bytes) are shorter than ", a.cols, " columns");
+  QR_CHECK(a.cast.data == nullptr ||
+               (quantize_with_cast_supported(a.src_dtype, a.rowwise_data != nullptr,
+                                             a.columnwise_data != nullptr,
+                                             static_cast<qr_dtype>(a.cast.dtype)) &&
+                (a.cast.scale != nullptr || a.cast.amax != nullptr)),
+           "mxfp8 CUDA quantize: a per-tensor cast needs the columnwise direction alone, a "
+           "bf16 / f16 source, an e4m3 / e5m2 cast and its scale or amax");
   DeviceGuard guard(a.device_index, kFormat);
   switch (a.src_dtype) {
     case QR_DTYPE_F32: dispatch_quantize<F32In>(a); break;

@@ -34,12 +34,21 @@ struct QuantizeArgs {
   std::uint8_t* columnwise_data = nullptr;
   std::uint8_t* columnwise_scale = nullptr;
   std::int64_t columnwise_scale_ld = 0;
+  // Columnwise only, bf16 / f16 sources (quantize_with_cast_supported): also this per-tensor
+  // cast (plugin_abi.h's qr_tensor_cast, untransposed here; data == nullptr: none), with
+  // q = sat_rne(x * s), s = *scale or scale_from_amax(*amax, ...) of qrecipe/scaling.hpp.
+  qr_tensor_cast cast{};
   int device_index = 0;
   void* stream = nullptr;
 };
 
-// Quantizes the requested directions in ONE pass over the source (each element is read
-// once). Empty tensors launch nothing.
+// Whether quantize can write a per-tensor cast beside the requested directions: the columnwise
+// direction alone, from a bf16 or f16 source, into an e4m3 or e5m2 cast.
+bool quantize_with_cast_supported(qr_dtype src_dtype, bool rowwise, bool columnwise,
+                                  qr_dtype cast_dtype);
+
+// Quantizes the requested directions (and args.cast, when set) in ONE pass over the source
+// (each element is read once). Empty tensors launch nothing.
 void quantize(const QuantizeArgs& args);
 
 // dst[r][c] = decode(data[r][c], its block's exponent), rounded to dst_dtype (f32 or bf16).

@@ -32,6 +32,7 @@ class Source2D {
     col_stride_ = src.ndim == 0 ? 0 : src.strides[src.ndim - 1];
     const int leading = src.ndim == 0 ? 0 : src.ndim - 1;
     QR_CHECK(src.data != nullptr || rows_ * cols_ == 0, "source has no data pointer");
+    if (rows_ == 0 || cols_ == 0) return;  // no element to find: no row table (issue 19)
     row_offset_.resize(static_cast<std::size_t>(rows_));
     std::int64_t index[QR_MAX_DIMS] = {};
     std::int64_t offset = 0;
@@ -103,6 +104,7 @@ float decode(std::uint8_t q, std::uint8_t e, qr_dtype data_dtype) {
 float amax(const qr_tensor_view& src) {
   const Source2D in(src);
   float result = 0.0f;
+  if (in.rows() == 0 || in.cols() == 0) return result;
   for (std::int64_t r = 0; r < in.rows(); ++r)
     for (std::int64_t c = 0; c < in.cols(); ++c) result = max_abs(result, in.at(r, c));
   return result;
@@ -153,6 +155,7 @@ void dequantize(const std::uint8_t* data, const std::uint8_t* scale,
   QR_CHECK_CODE(dst_dtype == QR_DTYPE_F32 || dst_dtype == QR_DTYPE_BF16, QR_STATUS_UNSUPPORTED,
                 "mxfp8 dequantizes into f32 or bf16; got ", dtype_str(dst_dtype));
   const bool rowwise = direction == QR_DIRECTION_ROWWISE;
+  if (rows == 0 || cols == 0) return;  // no data: no work, however many rows (issue 19)
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t c = 0; c < cols; ++c) {
       const std::uint8_t e = rowwise ? scale[r * scale_row_stride + c / kBlockSize]

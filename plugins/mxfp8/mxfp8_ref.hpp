@@ -1,4 +1,4 @@
-// CPU reference of the mxfp8 format: the executable specification (DESIGN.md section 7,
+// CPU reference of the mxfp8 format: the executable specification (docs/numerics.md,
 // "mxfp8"; TransformerEngine's MXFP8 "RCEIL" rule). The CUDA kernels must produce the same
 // data and scale bytes bit for bit; test_mxfp8.cpp and the conformance suite hold both to it.
 //

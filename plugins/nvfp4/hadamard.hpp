@@ -1,5 +1,5 @@
-// The random Hadamard transform (RHT) of nvfp4's columnwise (wgrad) operand, DESIGN.md
-// section 7: each run of 16 elements along M is multiplied by D·H16/4, where H16 is the
+// The random Hadamard transform (RHT) of nvfp4's columnwise (wgrad) operand (docs/numerics.md,
+// "nvfp4"): each run of 16 elements along M is multiplied by D·H16/4, where H16 is the
 // Sylvester Hadamard matrix (H[i][j] = (-1)^popcount(i & j)) and D = diag(kHadamardSigns)
 // (TransformerEngine's fixed wgrad sign vector; it is not re-randomized per step).
 //

@@ -1,6 +1,6 @@
 // nvfp4 format plugin: NVFP4 (E2M1 elements, E4M3 scales per 16 elements, an FP32 tensor
 // amax per direction), with optional 16x16 tiles, random Hadamard transform of the wgrad
-// operand and stochastic rounding (DESIGN.md section 7, "nvfp4"; the rules are in
+// operand and stochastic rounding (docs/numerics.md, "nvfp4"; the rules are in
 // nvfp4_ref.hpp).
 //
 // Map of this file
@@ -41,10 +41,12 @@
 #include <string>
 #include <vector>
 
+#include "nvfp4_adam_kernels.hpp"
 #include "nvfp4_ref.hpp"
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 #include "qrecipe/plugin_sdk.hpp"
+#include "qrecipe/plugin_sdk_adam.hpp"
 #include "qrecipe/plugin_sdk_checks.hpp"
 #include "qrecipe/plugin_sdk_tensor.hpp"
 #if defined(QRECIPE_PLUGIN_HAS_CUDA)
@@ -80,6 +82,10 @@ using sdk::view_rows;
 
 class Nvfp4Quantizer final : public sdk::QuantizerBase {
  public:
+  // S_dec = 1 / scale_from_amax(amax, 2688): the descriptor's tensor_scale_numerator, so the
+  // engine can decode this format's directions itself (plugin_abi.h, plugin_sdk.hpp).
+  static constexpr float kTensorScaleNumerator = rules::kTensorScaleNumerator;
+
   Nvfp4Quantizer(const qr_create_args&, const sdk::Options& opts)
       : config_(resolve_options(opts)) {}
 
@@ -141,6 +147,52 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
       return;
     }
     ref::quantize(src, config_, request);
+  }
+
+  // The hybrid fusion extra QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST (plugin_abi.h): quantize the
+  // columnwise direction and write another format's per-tensor cast (float8's rowwise side of
+  // a hybrid) from the same read of the source, in the 16-bit kernel's tiles
+  // (nvfp4_quantize_16bit.cu, Cast). When the cast carries source_amax (max |x| of this
+  // source, computed by the partner's prepare) and no amax was given, it is this direction's
+  // tensor amax, so the amax pass is skipped too: one read of the source for both directions
+  // after the partner's amax pass. Supported: CUDA, a contiguous bf16 / f16 source, the
+  // columnwise direction alone, 1-D blocks (no 2d, no Hadamard), round to nearest, an
+  // untransposed e4m3 / e5m2 cast. Anything else is UNSUPPORTED before a byte is written (and
+  // before the stochastic-rounding counter moves).
+  void quantize_with_tensor_cast(const qr_tensor_view& src, const qr_quantize_args& args,
+                                 qr_quantized_tensor* dst, const qr_tensor_cast& cast) {
+    bool supported = src.device.type == QR_DEVICE_CUDA && sdk::kHasCuda &&
+                     sdk::is_contiguous(src) && cast.transposed == 0;
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    supported = supported && cuda::quantize_with_cast_supported(
+                                 static_cast<qr_dtype>(src.dtype),
+                                 (args.usage & QR_USAGE_ROWWISE) != 0,
+                                 (args.usage & QR_USAGE_COLUMNWISE) != 0, config_.two_d,
+                                 config_.hadamard, config_.stochastic_rounding,
+                                 static_cast<qr_dtype>(cast.dtype));
+#endif
+    QR_CHECK_CODE(supported, QR_STATUS_UNSUPPORTED, "nvfp4 quantize_with_tensor_cast: needs a "
+                  "contiguous bf16 / f16 CUDA source, usage columnwise alone, 1-D blocks with "
+                  "round to nearest and an untransposed e4m3 / e5m2 cast; got ",
+                  sdk::dtype_str(static_cast<qr_dtype>(src.dtype)), " on ",
+                  sdk::device_str(src.device), ", usage ", args.usage, ", cast dtype ",
+                  sdk::dtype_str(static_cast<qr_dtype>(cast.dtype)),
+                  (cast.transposed ? " transposed" : ""));
+    if (dst == nullptr) return;  // a probe
+    QR_CHECK(cast.data != nullptr && (cast.scale != nullptr || cast.amax != nullptr),
+             "nvfp4 quantize_with_tensor_cast: the cast has no data buffer, or neither a scale "
+             "nor an amax");
+    ref::DirectionOut out[2];
+    const ref::Request request =
+        checked_request(src, args, *dst, "quantize_with_tensor_cast", out);
+    check_cuda_call(src, request, "quantize_with_tensor_cast");
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    cuda::DirectionBuffers buffers[2];
+    cuda::QuantizeArgs a = cuda_args(src, request, args.stream, buffers);
+    if (request.amax == nullptr) a.device_amax = cast.source_amax;
+    a.cast = cast;
+    cuda::quantize(a);
+#endif
   }
 
   // Grouped quantization (the descriptor's quantize_grouped extra, plugin_abi.h: each group
@@ -216,6 +268,25 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
       os << ", seed=" << static_cast<std::int64_t>(config_.seed);
     os << "}";
     return os.str();
+  }
+
+  // The fused Adam + requantize extra (plugin_sdk_adam.hpp, nvfp4_adam_kernels.cu). The kernels
+  // round to nearest and quantize the master as it is: a Hadamard transform or stochastic
+  // rounding (whose call offsets come from this quantizer's counter) takes the host's
+  // two-pass path, which quantizes through quantize.
+  bool adam_fusable(const qr_device&, bool, std::string& why) const {
+    if (config_.hadamard) why = "the Hadamard transform of the columnwise operand is not fused";
+    else if (config_.stochastic_rounding) why = "stochastic rounding is not fused";
+    return why.empty();
+  }
+
+  // What the fused kernels need (t's destination is checked against layout() already).
+  cuda::AdamPlan adam_plan(const qr_adam_tensor& t) const {
+    cuda::AdamPlan p;
+    p.two_d = config_.two_d;
+    p.rowwise_scale_ld = t.dst->rowwise.layout.scale_shape[1];
+    p.columnwise_scale_ld = t.dst->columnwise.layout.scale_shape[1];
+    return p;
   }
 
  private:
@@ -323,7 +394,8 @@ constexpr qr_option_schema kSchema[] = {
 
 // ---------------------------------------------------------------- 3. exported symbols
 
-QR_DEFINE_PLUGIN(qrecipe::nvfp4::Nvfp4Quantizer, "nvfp4", "1.0.0",
-                 "NVFP4: E2M1 data, E4M3 scales per 16 elements, FP32 tensor amax; optional "
-                 "16x16 tiles, Hadamard (wgrad) and stochastic rounding",
-                 qrecipe::nvfp4::kSchema, ::qrecipe::sdk::kBuiltDevices)
+QR_DEFINE_PLUGIN_EX(qrecipe::nvfp4::Nvfp4Quantizer, "nvfp4", "1.0.0",
+                    "NVFP4: E2M1 data, E4M3 scales per 16 elements, FP32 tensor amax; optional "
+                    "16x16 tiles, Hadamard (wgrad) and stochastic rounding",
+                    qrecipe::nvfp4::kSchema, ::qrecipe::sdk::kBuiltDevices,
+                    &qrecipe::sdk::adam_extras<qrecipe::nvfp4::Nvfp4Quantizer>)

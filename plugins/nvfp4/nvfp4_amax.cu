@@ -1,8 +1,8 @@
 // Pass 1 of nvfp4 quantize, the tensor amax (nvfp4_kernels.cu has the map of the passes),
 // and the compute_amax_to_host entry of nvfp4_kernels.hpp.
 //
-// Map of this file (STYLE.md rule 11): kernels (plain amax, Hadamard amax, amax fill), then
-// their launchers (grid arithmetic, dtype dispatch), then the entry.
+// Map of this file (docs/architecture.md, "Conventions", rule 11): kernels (plain amax, Hadamard
+// amax, amax fill), then their launchers (grid arithmetic, dtype dispatch), then the entry.
 //
 // Exactness: as nvfp4_kernels.cu says (every scalar rule is nvfp4_rules.hpp, compiled with
 // -fmad=false --ftz=false --prec-div=true; amaxes are exact maxima).

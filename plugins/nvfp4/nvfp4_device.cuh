@@ -81,8 +81,10 @@ struct QuantizeParams {
   // quantize_1d_kernel's scale stores: 16 bytes (rowwise) / 4 bytes (columnwise) a data row.
   bool row_scale_vector_ok;  // row_spitch % 16 == 0 and row_scales 16-byte aligned
   bool col_scale_vector_ok;  // col_spitch % 4 == 0 and col_scales 4-byte aligned
-  // quantize_16bit_kernel: its tile count and its vector stores.
+  // quantize_16bit_kernel: its tile count, tile order (0: row-major; g > 0: groups of g row
+  // tiles visited column by column) and its vector stores.
   std::int64_t tiles;
+  std::int64_t tile_group_rows;
   bool row_word_ok;    // row_pitch % 4 == 0 and row_data 4-byte aligned
   bool row_scale8_ok;  // row_spitch % 8 == 0 and row_scales 8-byte aligned
   bool col_chunk_ok;   // col_pitch % 16 == 0 and col_data 16-byte aligned

@@ -1,7 +1,7 @@
 // CUDA kernels of grouped nvfp4 quantization (nvfp4_grouped_kernels.hpp), bit-exact with
 // nvfp4_ref.cpp applied to each group alone.
 //
-// Map of this file (STYLE.md rule 11):
+// Map of this file (docs/architecture.md, "Conventions", rule 11):
 //   1. the group tables (kernel parameters)
 //   2. kernels: zero the group amaxes, grouped amax, grouped 1-D cast
 //   3. the launcher (table chunks, dtype / rounding dispatch) and the entry

@@ -2,16 +2,15 @@
 // the quantize entry of nvfp4_kernels.hpp (its checks, the order of its passes, and which
 // kernel each case runs). The passes live in files of their own:
 //   nvfp4_amax.cu            pass 1 (plain and Hadamard amax) and the compute_amax_to_host entry
-//   nvfp4_quantize_16bit.cu  pass 2, bf16 / f16 sources, round to nearest (the hot path)
-//   nvfp4_quantize_tile.cu   pass 2, f32 sources and stochastic rounding (1-D warp tiles,
-//                            nvfp4_tile1d.cuh), and 2d / Hadamard (64x64 tiles,
-//                            nvfp4_tile64.cuh)
+//   nvfp4_quantize_16bit.cu  pass 2, bf16 / f16 sources, either rounding (the hot path)
+//   nvfp4_quantize_tile.cu   pass 2, f32 sources (1-D warp tiles, nvfp4_tile1d.cuh), and
+//                            2d / Hadamard (64x64 tiles, nvfp4_tile64.cuh)
 //   nvfp4_dequantize.cu      the dequantize kernel and entry
 //   nvfp4_grouped_kernels.cu every group of a grouped call (the 1-D tile of nvfp4_tile1d.cuh)
 // with the code they share in nvfp4_device.cuh (block scale code, pitches, QuantizeParams) and
 // the launchers they export in nvfp4_passes.cuh.
 //
-// Passes of one quantize call (M x K source, DESIGN.md section 7 "nvfp4"):
+// Passes of one quantize call (M x K source, docs/numerics.md, "nvfp4"):
 //   pass 1, the tensor amax (skipped when the caller passes a reduced amax; both amax buffers
 //   are zeroed by one launch first):
 //     - plain: grid-stride 16-byte loads, max |x| into every requested direction's amax
@@ -19,11 +18,12 @@
 //     - Hadamard with columnwise requested: one block per 64x64 tile computes max |x| and
 //       the max over the transformed BF16 columns from the same read of the tile.
 //   pass 2, 1-D blocks (no 2d, no Hadamard: the common case):
-//     - bf16 / f16 source, round to nearest (the hot path): quantize_16bit_kernel, a
+//     - bf16 / f16 source (the hot path; stochastic rounding too, one Philox call per 4
+//       elements and direction, philox.hpp): quantize_16bit_kernel, a
 //       persistent grid over 64 x 128 tiles, counted in instructions per element (see above
 //       it): packed 16-bit amax, table-driven encode factors, the byte-packing E2M1 encoder
 //       num::fast::e2m1_magnitude_byte_below7, staged columnwise stores;
-//     - f32 sources and stochastic rounding: quantize_1d_kernel, 32 x 32 warp tiles straight
+//     - f32 sources: quantize_1d_kernel, 32 x 32 warp tiles straight
 //       from registers (see above it).
 //     The E2M1 encoders and the block scale's hardware E4M3 conversion are proven equal to
 //     the references over all 2^32 inputs (test_gpu_conversions).
@@ -52,6 +52,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "nvfp4_device.cuh"
 #include "nvfp4_passes.cuh"
@@ -59,7 +61,31 @@
 #include "qrecipe/error.hpp"
 
 namespace qrecipe::nvfp4::cuda {
+namespace {
 
+// Which kernel runs stochastic rounding of 16-bit sources: the persistent 64 x 128 kernel of
+// the hot path (default, QRECIPE_NVFP4_SR_KERNEL unset or "persistent"), or the 32 x 32 warp
+// tiles ("tile1d", the kernel SR ran on before; kept so one GPU run can time both). Both write
+// the same bytes.
+bool sr_on_warp_tiles() {
+  static const bool tile1d = [] {
+    const char* v = std::getenv("QRECIPE_NVFP4_SR_KERNEL");
+    const std::string s = v ? v : "";
+    QR_CHECK(s.empty() || s == "persistent" || s == "tile1d", "QRECIPE_NVFP4_SR_KERNEL='", s,
+             "' is not persistent or tile1d (unset it for the default, persistent)");
+    return s == "tile1d";
+  }();
+  return tile1d;
+}
+
+}  // namespace
+
+bool quantize_with_cast_supported(qr_dtype src_dtype, bool rowwise, bool columnwise, bool two_d,
+                                  bool hadamard, bool stochastic, qr_dtype cast_dtype) {
+  return (src_dtype == QR_DTYPE_BF16 || src_dtype == QR_DTYPE_F16) && !rowwise && columnwise &&
+         !two_d && !hadamard && !stochastic &&
+         (cast_dtype == QR_DTYPE_E4M3 || cast_dtype == QR_DTYPE_E5M2);
+}
 
 void quantize(const QuantizeArgs& a) {
   sdk::cuda::check_source_dtype(a.src_dtype, kFormat, "quantize");
@@ -73,6 +99,18 @@ void quantize(const QuantizeArgs& a) {
     QR_CHECK(!d || (d->amax != nullptr && (numel == 0 || (d->data && d->scales))),
              "nvfp4 CUDA quantize: a requested direction lacks its data, scale or amax buffer");
   QR_CHECK(!(a.hadamard && a.two_d), "nvfp4 CUDA quantize: hadamard and 2d cannot be combined");
+  QR_CHECK(a.cast.data == nullptr ||
+               (quantize_with_cast_supported(a.src_dtype, a.rowwise != nullptr,
+                                             a.columnwise != nullptr, a.two_d, a.hadamard,
+                                             a.stochastic_rounding,
+                                             static_cast<qr_dtype>(a.cast.dtype)) &&
+                (a.cast.scale != nullptr || a.cast.amax != nullptr)),
+           "nvfp4 CUDA quantize: a per-tensor cast needs the columnwise direction alone, 1-D "
+           "blocks, round to nearest, a bf16 / f16 source, an e4m3 / e5m2 cast and its scale or "
+           "amax");
+  QR_CHECK(a.device_amax == nullptr || (a.given_amax == nullptr && !a.hadamard),
+           "nvfp4 CUDA quantize: a device amax replaces the amax pass; it cannot come with a "
+           "caller's amax or with Hadamard (whose columnwise amax is another quantity)");
   QR_CHECK_CODE(!a.hadamard || !a.columnwise ||
                     (a.src_dtype == QR_DTYPE_BF16 && a.rows % kBlock == 0),
                 QR_STATUS_UNSUPPORTED, "nvfp4 CUDA quantize: hadamard needs a bf16 source with "
@@ -89,6 +127,13 @@ void quantize(const QuantizeArgs& a) {
     // copying it keeps -0 / +0 as the reference stores them).
     const float col_value = a.two_d ? a.given_amax[0] : a.given_amax[1];
     fill_amax(row_amax, a.given_amax[0], col_amax, col_value, s);
+  } else if (a.device_amax) {
+    // max |x| of this source, already on the device (the fused cast's prepare computed it):
+    // the amax pass's result without the pass. Both directions' amaxes are max |x| here.
+    for (float* dst : {row_amax, col_amax})
+      if (dst)
+        QR_CUDA_CHECK(cudaMemcpyAsync(dst, a.device_amax, sizeof(float),
+                                      cudaMemcpyDeviceToDevice, s));
   } else {
     // Both amax buffers zeroed by one launch (the atomic maxima start from +0).
     fill_amax(row_amax, 0.0f, col_amax, 0.0f, s);
@@ -105,10 +150,10 @@ void quantize(const QuantizeArgs& a) {
   const QuantizeParams p = quantize_params(a);
   if (a.two_d || a.hadamard)
     quantize_tile(p, a.src_dtype, a.stochastic_rounding, s);
-  else if (a.src_dtype == QR_DTYPE_F32 || a.stochastic_rounding)  // SR: the random words
-    quantize_1d(p, a.src_dtype, a.stochastic_rounding, s);      // dominate; warp tiles
+  else if (a.src_dtype == QR_DTYPE_F32 || (a.stochastic_rounding && sr_on_warp_tiles()))
+    quantize_1d(p, a.src_dtype, a.stochastic_rounding, s);
   else
-    quantize_16bit(p, a.src_dtype, s);
+    quantize_16bit(p, a.src_dtype, a.stochastic_rounding, a.cast, s);
 }
 
 }  // namespace qrecipe::nvfp4::cuda

@@ -27,6 +27,12 @@ struct DirectionBuffers {
   float* amax = nullptr;           // [1]
 };
 
+// Whether quantize can write a per-tensor cast beside the requested directions: the columnwise
+// direction alone, 1-D blocks (no 2d, no Hadamard), round to nearest, a bf16 / f16 source, an
+// e4m3 / e5m2 cast.
+bool quantize_with_cast_supported(qr_dtype src_dtype, bool rowwise, bool columnwise, bool two_d,
+                                  bool hadamard, bool stochastic, qr_dtype cast_dtype);
+
 struct QuantizeArgs {
   const void* src = nullptr;  // device, contiguous [rows, cols]
   qr_dtype src_dtype = QR_DTYPE_F32;
@@ -40,8 +46,16 @@ struct QuantizeArgs {
   // Host pointer to [rowwise, columnwise] reduced by the caller (already validated), or null:
   // the amax pass runs on the device.
   const float* given_amax = nullptr;
+  // Device pointer to max |x| of this very source (the cast's source_amax), or null: taken
+  // as the tensor amax of the requested direction instead of the amax pass (not with
+  // given_amax, not with Hadamard, whose columnwise amax is another quantity).
+  const float* device_amax = nullptr;
   const DirectionBuffers* rowwise = nullptr;     // null: not requested
   const DirectionBuffers* columnwise = nullptr;  // null: not requested
+  // quantize_with_cast_supported requests only: also this per-tensor cast (plugin_abi.h's
+  // qr_tensor_cast, untransposed here; data == nullptr: none), q = sat_rne(x * s) with
+  // s = *scale or scale_from_amax(*amax, ...) of qrecipe/scaling.hpp.
+  qr_tensor_cast cast{};
   int device_index = 0;
   void* stream = nullptr;
 };

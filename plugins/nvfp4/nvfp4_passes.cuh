@@ -31,10 +31,13 @@ void hadamard_amax(const void* src, qr_dtype dtype, std::int64_t rows, std::int6
 
 // ---------------------------------------------------------------- pass 2
 
-// 1-D blocks, bf16 / f16 source, round to nearest: the hot path (nvfp4_quantize_16bit.cu).
-void quantize_16bit(const QuantizeParams& p, qr_dtype src_dtype, cudaStream_t stream);
+// 1-D blocks, bf16 / f16 source, either rounding: the hot path (nvfp4_quantize_16bit.cu);
+// with cast.data set (columnwise alone, round to nearest) it also writes the per-tensor cast.
+void quantize_16bit(const QuantizeParams& p, qr_dtype src_dtype, bool stochastic,
+                    const qr_tensor_cast& cast, cudaStream_t stream);
 
-// 1-D blocks, f32 sources (either rounding) and stochastic rounding of 16-bit sources: 32 x 32
+// 1-D blocks, f32 sources (either rounding), and stochastic rounding of 16-bit sources when
+// QRECIPE_NVFP4_SR_KERNEL=tile1d selects it (the previous path, kept to time against): 32 x 32
 // warp tiles (nvfp4_quantize_tile.cu, the tile of nvfp4_tile1d.cuh).
 void quantize_1d(const QuantizeParams& p, qr_dtype src_dtype, bool stochastic,
                  cudaStream_t stream);

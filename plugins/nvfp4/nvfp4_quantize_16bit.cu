@@ -1,16 +1,18 @@
 // Pass 2 of nvfp4 quantize for bf16 / f16 sources with round to nearest and 1-D blocks: the
 // hot path (nvfp4_kernels.cu has the map of the passes).
 //
-// Map of this file (STYLE.md rule 11): the design (below), the tile and lane geometry, device
-// helpers (PRMT byte permutes, cp.async copies, the byte-packing encoders, block scale pairs,
-// staging), the per-lane quantize (fast path and the exact per-element path), the persistent
-// kernel, then its launcher.
+// Map of this file (docs/architecture.md, "Conventions", rule 11): the design (below), the tile and
+// lane geometry, device helpers (PRMT byte permutes, cp.async copies, the byte-packing encoders,
+// block scale pairs, staging), the per-lane quantize (fast path and the exact per-element path),
+// the persistent kernel, then its launcher.
 //
 // Exactness: as nvfp4_kernels.cu says. The E2M1 encoders and the block scale's hardware E4M3
 // conversion are proven equal to the references over all 2^32 inputs (test_gpu_conversions).
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "nvfp4_device.cuh"
@@ -20,6 +22,7 @@
 #include "qrecipe/cuda_sdk.cuh"
 #include "qrecipe/error.hpp"
 #include "qrecipe/fast_conversions.cuh"
+#include "qrecipe/scaling.hpp"
 
 namespace qrecipe::nvfp4::cuda {
 namespace {
@@ -43,7 +46,8 @@ namespace {
 //     scale, num::fast::f32_to_e2m1, partial rows and columns).
 // Layout: a CTA of 4 warps loops over 64 x 128 tiles (a persistent grid of resident CTAs),
 // taking them from the END of the tensor (the amax pass reads it from the start, so the first
-// tiles are still in L2), and copies its next tile into shared memory (cp.async, double
+// tiles are still in L2) in row-major order, or, when it writes the columnwise direction, in
+// groups of 32 row tiles visited column by column (TileCursor::grouped), and copies its next tile into shared memory (cp.async, double
 // buffered) before it encodes the current one. Warp w holds tile rows 16w .. 16w + 15; lane
 // (cg = lane % 16, rh = lane / 16) holds rows 8 rh .. 8 rh + 7 of those and columns
 // 8 cg .. 8 cg + 7 (one 16-byte load a row):
@@ -120,6 +124,21 @@ struct TileCursor {
       col_tile += per_row;
       row_tile -= 1;
     }
+  }
+  // Tile t' (= tiles - 1 - t) in the grouped order of p.tile_group_rows > 0: groups of that
+  // many row tiles, each visited column by column (all its row tiles of column 0, then column
+  // 1, ...). Consecutive CTAs then hold vertically stacked tiles, so the lines of the
+  // transposed (columnwise) data and scales, which 4 and 32 stacked tiles complete, are
+  // finished while the lines are still in L2, and a row's scale line (16 tiles across) is
+  // 16 x group_rows tiles away, within one wave of the persistent grid.
+  __device__ static TileCursor grouped(std::int64_t t, const QuantizeParams& p) {
+    const std::int64_t row_tiles = p.tiles / p.tiles_per_row;
+    const std::int64_t per_group = p.tile_group_rows * p.tiles_per_row;
+    const std::int64_t group = t / per_group, inner = t % per_group;
+    const std::int64_t first = group * p.tile_group_rows;
+    const std::int64_t rows_here =
+        row_tiles - first < p.tile_group_rows ? row_tiles - first : p.tile_group_rows;
+    return TileCursor{first + inner % rows_here, inner / rows_here};
   }
 };
 
@@ -205,9 +224,22 @@ __device__ __forceinline__ std::uint32_t insert_byte(std::uint32_t word, std::ui
   return prmt(word, byte, j == 1 ? 0x3240u : (j == 2 ? 0x3410u : 0x4210u));
 }
 
+// The packed E2M1 of a run of 8 elements from their magnitude codes (pairs[j]: element 2j's in
+// bits 0-3, element 2j + 1's in bits 4-7) and their source words (4 words w, elements 2j /
+// 2j + 1 in word j's low / high half): element 2j in the low nibble of byte j, signs included
+// (x's sign is the sign of x * enc, -0 included).
+__device__ __forceinline__ std::uint32_t pack_run8(const std::uint32_t (&pairs)[4],
+                                                   const std::uint32_t (&w)[4]) {
+  const std::uint32_t magnitudes =
+      prmt(prmt(pairs[0], pairs[1], 0x0040u), prmt(pairs[2], pairs[3], 0x0040u), 0x5410u);
+  const std::uint32_t signs03 = prmt(w[0], w[1], 0xFDB9u);  // sign bytes of elements 0..3
+  const std::uint32_t signs47 = prmt(w[2], w[3], 0xFDB9u);  // 4..7
+  return magnitudes | (prmt(signs03, signs47, 0x6420u) & 0x08080808u) |  // even: bit 3
+         (prmt(signs03, signs47, 0x7531u) & 0x80808080u);                 // odd: bit 7
+}
+
 // Packed E2M1 of the 8 elements of a run (4 words w, elements 2j / 2j + 1 in word j's low /
-// high half, decoded in lo[j] / hi[j]) times enc: element 2j in the low nibble of byte j, signs
-// included (x's sign is the sign of x * enc, -0 included).
+// high half, decoded in lo[j] / hi[j]) times enc, round to nearest (pack_run8's layout).
 template <bool kSaturate>
 __device__ __forceinline__ std::uint32_t encode_run8(const std::uint32_t (&w)[4],
                                                      const float (&lo)[4], const float (&hi)[4],
@@ -217,12 +249,35 @@ __device__ __forceinline__ std::uint32_t encode_run8(const std::uint32_t (&w)[4]
   for (int j = 0; j < 4; ++j)
     pairs[j] = (magnitude_byte<kSaturate>(hi[j], enc, two_pow_10) << 4) +
                magnitude_byte<kSaturate>(lo[j], enc, two_pow_10);
-  const std::uint32_t magnitudes =
-      prmt(prmt(pairs[0], pairs[1], 0x0040u), prmt(pairs[2], pairs[3], 0x0040u), 0x5410u);
-  const std::uint32_t signs03 = prmt(w[0], w[1], 0xFDB9u);  // sign bytes of elements 0..3
-  const std::uint32_t signs47 = prmt(w[2], w[3], 0xFDB9u);  // 4..7
-  return magnitudes | (prmt(signs03, signs47, 0x6420u) & 0x08080808u) |  // even: bit 3
-         (prmt(signs03, signs47, 0x7531u) & 0x80808080u);                 // odd: bit 7
+  return pack_run8(pairs, w);
+}
+
+// The same with stochastic rounding: element e (0..7) rounds with word r.w[e % 4] of the Philox
+// group r[e / 4] (the run is columns col .. col + 7 of a data row, col % 8 == 0: two groups).
+__device__ __forceinline__ std::uint32_t encode_run8_sr(const std::uint32_t (&w)[4],
+                                                        const float (&lo)[4],
+                                                        const float (&hi)[4], float enc,
+                                                        const PhiloxWords (&r)[2]) {
+  std::uint32_t pairs[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const std::uint32_t r_lo = r[j / 2].w[(2 * j) % 4], r_hi = r[j / 2].w[(2 * j + 1) % 4];
+    pairs[j] = (rules::sr_magnitude(fabsf(hi[j]) * enc, r_hi) << 4) +
+               rules::sr_magnitude(fabsf(lo[j]) * enc, r_lo);
+  }
+  return pack_run8(pairs, w);
+}
+
+// The 8 stochastic-rounding words of elements col .. col + 7 (col % 8 == 0) of data row `row`
+// (rows of data_cols elements): two Philox calls.
+__device__ __forceinline__ void sr_words8(const RandomStream& random, std::int64_t row,
+                                          std::int64_t data_cols, std::int64_t col,
+                                          PhiloxWords (&r)[2]) {
+  const std::uint64_t g = sr_group(static_cast<std::uint64_t>(row),
+                                   static_cast<std::uint64_t>(data_cols),
+                                   static_cast<std::uint64_t>(col));
+  r[0] = sr_group_words(random.seed, g, random.call_offset);
+  r[1] = sr_group_words(random.seed, g + 1, random.call_offset);
 }
 
 // The sign bits of the lane's columns 2m (lo) and 2m + 1 (hi) over its 8 rows, as they sit in
@@ -291,6 +346,53 @@ __device__ __forceinline__ void encode_lane_fast(
   }
 }
 
+// encode_lane_fast with stochastic rounding (no NaN among the lane's elements, every element
+// inside the tensor): the words of rowwise row i are the two Philox groups of data row
+// L.row + i at column L.col, those of column k the two groups of data row L.col + k of the
+// transposed output at column L.row (both 8-aligned). rules::sr_magnitude saturates itself, so
+// there is no kSaturate split; the signs come from the source words as in the nearest path.
+template <class In, bool kRow, bool kCol>
+__device__ __forceinline__ void encode_lane_sr(
+    const QuantizeParams& p, const Lane16& L, const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows],
+    const float (&row_enc)[Tile16::kLaneRows], const float (&col_enc)[8],
+    std::uint32_t (&col_words)[8]) {
+  if constexpr (kRow) {
+#pragma unroll
+    for (int i = 0; i < Tile16::kLaneRows; ++i) {
+      float lo[4], hi[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) Packed16<In>::to_f32(raw[i].w[m], lo[m], hi[m]);
+      PhiloxWords r[2];
+      sr_words8(p.random, L.row + i, p.cols, L.col, r);
+      *reinterpret_cast<std::uint32_t*>(L.row_out + i * p.row_pitch) =
+          encode_run8_sr(raw[i].w, lo, hi, row_enc[i], r);
+    }
+  }
+  if constexpr (kCol) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      PhiloxWords r[2];
+      sr_words8(p.random, L.col + k, p.rows, L.row, r);
+      std::uint32_t word = 0;
+#pragma unroll
+      for (int i = 0; i < Tile16::kLaneRows; ++i) {
+        float lo, hi;
+        Packed16<In>::to_f32(raw[i].w[k / 2], lo, hi);
+        const float x = k % 2 ? hi : lo;
+        word |= rules::sr_magnitude(fabsf(x) * col_enc[k], r[i / 4].w[i % 4]) << (4 * i);
+      }
+      col_words[k] = word;
+    }
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      std::uint32_t lo, hi;
+      column_signs<In>(raw, m, lo, hi);
+      col_words[2 * m] |= lo;
+      col_words[2 * m + 1] |= hi;
+    }
+  }
+}
+
 // The 2 block scales whose amaxes are the halves of `amax_pair` (16-bit magnitudes, no NaN):
 // E4M3 codes in bits 0-7 / 8-15, encode factors from `table`, max(amax * enc) into `reach`.
 template <class In>
@@ -341,16 +443,85 @@ __device__ __forceinline__ void stage_lane(const Lane16& L, const Stage16& s,
   }
 }
 
+// The E2M1 code of v = x * enc on the per-element path: round to nearest
+// (num::fast::f32_to_e2m1 == rules::round_nearest), or stochastic rounding with word r.
+template <bool kSR>
+__device__ __forceinline__ std::uint32_t exact_code(float v, std::uint32_t r) {
+  if constexpr (kSR) return rules::round_stochastic(v, r) & 0xFu;
+  else return num::fast::f32_to_e2m1(v);
+}
+
+// sr_words8 under stochastic rounding; nothing under round to nearest.
+template <bool kSR>
+__device__ __forceinline__ void exact_words8(const QuantizeParams& p, std::int64_t row,
+                                             std::int64_t data_cols, std::int64_t col,
+                                             PhiloxWords (&r)[2]) {
+  if constexpr (kSR) sr_words8(p.random, row, data_cols, col, r);
+  else r[0] = r[1] = PhiloxWords{{0u, 0u, 0u, 0u}};
+}
+
+// The per-tensor cast a kernel writes beside the columnwise direction (the hybrid fusion
+// extra): no cast, or E4M3 / E5M2 codes of x * scale into data [rows, cols].
+struct NoCast {};
+struct CastE4M3 {};
+struct CastE5M2 {};
+struct Cast16 {
+  std::uint8_t* data;
+  float scale;      // the tensor scale, worked out once per CTA
+  bool vector_ok;   // cols % 8 == 0 and data 8-byte aligned
+};
+
+// The 8 cast codes of x[0..7] * scale, little-endian in (lo, hi): the hardware conversion
+// (== num::f32_to_e4m3 / f32_to_e5m2 off NaN, test_gpu_conversions) and, when `exact`, the
+// reference's canonical NaN 0x7F (the fast path holds no NaN).
+template <class Cast, bool kExact>
+__device__ __forceinline__ void cast_run8(const float (&x)[8], float scale, std::uint32_t& lo,
+                                          std::uint32_t& hi) {
+  std::uint32_t pair[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float a = x[2 * k] * scale, b = x[2 * k + 1] * scale;
+    pair[k] = std::is_same_v<Cast, CastE4M3> ? num::fast::hardware_e4m3x2(a, b)
+                                             : num::fast::hardware_e5m2x2(a, b);
+    if constexpr (kExact) pair[k] = num::fast::canonical_nan_pair(pair[k], a, b);
+  }
+  lo = pair[0] | (pair[1] << 16);
+  hi = pair[2] | (pair[3] << 16);
+}
+
+// The lane's 8 rows of the cast: rows L.row .., columns L.col .. of data [rows, cols].
+template <class In, class Cast, bool kExact>
+__device__ __forceinline__ void cast_lane(const QuantizeParams& p, const Lane16& L,
+                                          const Cast16& c,
+                                          const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows]) {
+  if constexpr (!std::is_same_v<Cast, NoCast>) {
+#pragma unroll
+    for (int i = 0; i < Tile16::kLaneRows; ++i) {
+      const std::int64_t r = L.row + i;
+      if (kExact && (r >= p.rows || L.valid_cols == 0)) continue;
+      float x[8];
+      sdk::cuda::decode_raw8<In>(raw[i], x);
+      std::uint32_t lo, hi;
+      cast_run8<Cast, kExact>(x, c.scale, lo, hi);
+      const int valid = kExact ? L.valid_cols : 8;
+      sdk::cuda::store_bytes8(c.data, r * p.cols + L.col, valid, c.vector_ok && valid == 8, lo,
+                              hi);
+    }
+  }
+}
+
 // The per-element path of a warp with a NaN among its elements or a lane past the tensor's edge:
 // the reference's rules one element at a time (rules::block_scale_code through the hardware
 // E4M3, the NaN mark, enc from the table, num::fast::f32_to_e2m1 == rules::round_nearest).
 // Not inlined (it is rare, and its registers would count for the whole kernel): it reloads the
 // lane's elements (L1 / L2 hits) and stages its results itself.
-template <class In, bool kRow, bool kCol>
+template <class In, bool kRow, bool kCol, bool kSR, class Cast>
 __device__ __noinline__ void quantize_lane_exact(const QuantizeParams& p, const Lane16 L,
-                                                 float row_s6, float col_s6, const Stage16 s) {
+                                                 float row_s6, float col_s6, const Stage16 s,
+                                                 const Cast16 c) {
   sdk::cuda::Raw8<In> raw[Tile16::kLaneRows];
   load_lane_rows<In>(p, L.row, L.col, raw);
+  cast_lane<In, Cast, true>(p, L, c, raw);
   const float* row_table = s.row_table;
   const float* col_table = s.col_table;
   std::uint32_t col_words[8] = {}, own_row_codes = 0, own_col_codes = 0;
@@ -370,9 +541,11 @@ __device__ __noinline__ void quantize_lane_exact(const QuantizeParams& p, const 
       nan |= __shfl_xor_sync(kFullMask, static_cast<int>(nan), 1) != 0;
       const std::uint8_t code = num::fast::f32_to_e4m3(amax * row_s6);
       const float enc = row_table[code];
+      PhiloxWords r[2];  // the lane's groups are 8-aligned, partial lanes included
+      exact_words8<kSR>(p, L.row + i, p.cols, L.col, r);
       std::uint32_t word = 0;
 #pragma unroll
-      for (int k = 0; k < 8; ++k) word |= num::fast::f32_to_e2m1(x[k] * enc) << (4 * k);
+      for (int k = 0; k < 8; ++k) word |= exact_code<kSR>(x[k] * enc, r[k / 4].w[k % 4]) << (4 * k);
       store_row_codes(p, L, i, word);
       if ((i >> 2) == (L.cg & 1))
         own_row_codes |= static_cast<std::uint32_t>(nan ? rules::kNanScaleCode : code)
@@ -397,10 +570,12 @@ __device__ __noinline__ void quantize_lane_exact(const QuantizeParams& p, const 
       nan |= __shfl_xor_sync(kFullMask, static_cast<int>(nan), 16) != 0;
       const std::uint8_t code = num::fast::f32_to_e4m3(amax * col_s6);
       const float enc = col_table[code];
+      PhiloxWords r[2];
+      exact_words8<kSR>(p, L.col + k, p.rows, L.row, r);
       std::uint32_t word = 0;
 #pragma unroll
       for (int i = 0; i < Tile16::kLaneRows; ++i)
-        word |= num::fast::f32_to_e2m1(x[i] * enc) << (4 * i);
+        word |= exact_code<kSR>(x[i] * enc, r[i / 4].w[i % 4]) << (4 * i);
       col_words[k] = word;
       if ((k >> 2) == L.rh)
         own_col_codes |= static_cast<std::uint32_t>(nan ? rules::kNanScaleCode : code)
@@ -411,8 +586,8 @@ __device__ __noinline__ void quantize_lane_exact(const QuantizeParams& p, const 
 }
 
 // The lane's part of one tile: row codes stored, column codes and scale bytes staged.
-template <class In, bool kRow, bool kCol>
-__device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lane16& L,
+template <class In, bool kRow, bool kCol, bool kSR, class Cast>
+__device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lane16& L, const Cast16& c,
                                               const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows],
                                               float row_s6, float col_s6, const Stage16& s) {
   const float* row_table = s.row_table;
@@ -444,7 +619,7 @@ __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lan
   }
   const bool lane_nan = max(lane_max & 0xFFFFu, lane_max >> 16) > Packed16<In>::kInfBits;
   if (__any_sync(kFullMask, lane_nan || !L.interior)) {
-    quantize_lane_exact<In, kRow, kCol>(p, L, row_s6, col_s6, s);
+    quantize_lane_exact<In, kRow, kCol, kSR, Cast>(p, L, row_s6, col_s6, s, c);
     return;
   }
 
@@ -484,17 +659,27 @@ __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lan
     for (int k = 0; k < 8; ++k)
       col_enc[k] = __shfl_sync(kFullMask, own[k & 3], (L.lane & 15) | ((k >> 2) << 4));
   }
-  if (__any_sync(kFullMask, !(reach < 7.0f)))
+  cast_lane<In, Cast, false>(p, L, c, raw);
+  if constexpr (kSR)
+    encode_lane_sr<In, kRow, kCol>(p, L, raw, row_enc, col_enc, col_words);
+  else if (__any_sync(kFullMask, !(reach < 7.0f)))
     encode_lane_fast<In, kRow, kCol, true>(p, L, raw, row_enc, col_enc, col_words);
   else
     encode_lane_fast<In, kRow, kCol, false>(p, L, raw, row_enc, col_enc, col_words);
   stage_lane<kRow, kCol>(L, s, col_words, own_row_codes, own_col_codes);
 }
 
-// 4 CTAs an SM: at most 128 registers (the both-directions kernel needs about that many).
-template <class In, bool kRow, bool kCol>
-__global__ void __launch_bounds__(Tile16::kThreads, 4)
-    quantize_16bit_kernel(const __grid_constant__ QuantizeParams p) {
+// 4 CTAs an SM: at most 128 registers (the both-directions kernel needs about that many);
+// stochastic rounding, whose Philox calls keep more values live, 3 CTAs (168 registers) for one
+// direction and 2 (255) for both, where 168 spilled: it is bound by instructions, and the
+// unrolled Philox calls give each warp independent work to hide latency with.
+// A kernel that also writes a per-tensor cast (the hybrid fusion) stores two directions: 3
+// CTAs (168 registers; at 128 it spilled 24 bytes).
+template <class In, bool kRow, bool kCol, bool kSR, class Cast = NoCast>
+__global__ void __launch_bounds__(Tile16::kThreads,
+                                  kSR ? (kRow && kCol ? 2 : 3)
+                                      : (std::is_same_v<Cast, NoCast> ? 4 : 3))
+    quantize_16bit_kernel(const __grid_constant__ QuantizeParams p, const qr_tensor_cast cast) {
   using T = Tile16;
   constexpr int R = T::kLaneRows;
   __shared__ float row_table[T::kCodes], col_table[T::kCodes];
@@ -526,6 +711,14 @@ __global__ void __launch_bounds__(Tile16::kThreads, 4)
   }
   __syncthreads();
   const Stage16 stage{row_table, col_table, col_codes, row_scale_tile, col_scale_tile};
+  Cast16 c16{cast.data, 0.0f, false};
+  if constexpr (!std::is_same_v<Cast, NoCast>) {
+    // The rule float8 applies (qrecipe/scaling.hpp), so the codes are float8's own.
+    c16.scale = cast.scale != nullptr ? __ldcg(cast.scale)
+                                      : scale_from_amax(__ldcg(cast.amax), cast.fmax,
+                                                        cast.pow2_scales != 0, cast.amax_epsilon);
+    c16.vector_ok = p.cols % 8 == 0 && is_aligned(cast.data, 8);
+  }
 
   // The grid never exceeds the tile count. With an aligned source each thread copies its rows
   // of the NEXT tile into the other input buffer (cp.async) before it encodes the current one,
@@ -537,8 +730,12 @@ __global__ void __launch_bounds__(Tile16::kThreads, 4)
   TileCursor t;
   {
     const std::int64_t first = p.tiles - 1 - static_cast<std::int64_t>(blockIdx.x);
-    t.row_tile = first / p.tiles_per_row;
-    t.col_tile = first % p.tiles_per_row;
+    if (p.tile_group_rows > 0) {
+      t = TileCursor::grouped(first, p);
+    } else {
+      t.row_tile = first / p.tiles_per_row;
+      t.col_tile = first % p.tiles_per_row;
+    }
   }
   constexpr int kInPitch = 2 * T::kCols;  // bytes of a tile row of a 16-bit source
   const std::uint32_t in_lane =
@@ -552,7 +749,10 @@ __global__ void __launch_bounds__(Tile16::kThreads, 4)
   for (std::int64_t tile = blockIdx.x;; tile += grid) {
     const bool has_next = tile + grid < p.tiles;
     TileCursor next = t;
-    if (has_next) next.step(step_rows, step_cols, p.tiles_per_row);
+    if (has_next) {
+      if (p.tile_group_rows > 0) next = TileCursor::grouped(p.tiles - 1 - (tile + grid), p);
+      else next.step(step_rows, step_cols, p.tiles_per_row);
+    }
     L.row = t.row0() + lane_row;
     L.col = t.col0() + lane_col;
     L.valid_cols = valid_in_run(L.col, p.cols, 8);
@@ -577,7 +777,7 @@ __global__ void __launch_bounds__(Tile16::kThreads, 4)
     } else {
       load_lane_rows<In>(p, L.row, L.col, raw);
     }
-    quantize_lane<In, kRow, kCol>(p, L, raw, row_s6, col_s6, stage);
+    quantize_lane<In, kRow, kCol, kSR, Cast>(p, L, c16, raw, row_s6, col_s6, stage);
     __syncthreads();
     const std::int64_t row0 = t.row0(), col0 = t.col0();
     const int valid_rows = valid_in_run(row0, p.rows, T::kRows);
@@ -617,39 +817,73 @@ __global__ void __launch_bounds__(Tile16::kThreads, 4)
 
 // ---------------------------------------------------------------- launcher
 
-template <class In, bool kRow, bool kCol>
-void launch_quantize_16bit_dirs(QuantizeParams p, cudaStream_t stream) {
+// The persistent grid's tile order: row-major, or grouped by 32 row tiles (TileCursor::grouped)
+// for kernels that write the columnwise direction. QRECIPE_NVFP4_TILE_ORDER=rows|grouped
+// forces one order for every kernel, so one GPU run can time both (the bytes are the same).
+constexpr std::int64_t kTileGroupRows = 32;
+
+std::int64_t tile_group_rows(bool writes_columnwise) {
+  static const int forced = [] {  // -1: the default, 0: rows, 1: grouped
+    const char* v = std::getenv("QRECIPE_NVFP4_TILE_ORDER");
+    const std::string s = v ? v : "";
+    QR_CHECK(s.empty() || s == "rows" || s == "grouped", "QRECIPE_NVFP4_TILE_ORDER='", s,
+             "' is not rows or grouped (unset it for the default: grouped when the columnwise "
+             "direction is written)");
+    return s.empty() ? -1 : (s == "grouped" ? 1 : 0);
+  }();
+  const bool grouped = forced < 0 ? writes_columnwise : forced == 1;
+  return grouped ? kTileGroupRows : 0;
+}
+
+template <class In, bool kRow, bool kCol, bool kSR, class Cast = NoCast>
+void launch_quantize_16bit_dirs(QuantizeParams p, const qr_tensor_cast& cast, cudaStream_t stream) {
   using T = Tile16;
   p.tiles_per_row = ceil_div(p.cols, T::kCols);
   p.tiles = ceil_div(p.rows, T::kRows) * p.tiles_per_row;
+  p.tile_group_rows = tile_group_rows(kCol);
   p.two_pow_10 = 1u << 10;
   // A persistent grid: the CTAs resident at once (each loops over tiles).
   static const int blocks_per_sm = [] {
     int n = 0;
     QR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &n, quantize_16bit_kernel<In, kRow, kCol>, T::kThreads, 0));
+        &n, quantize_16bit_kernel<In, kRow, kCol, kSR, Cast>, T::kThreads, 0));
     return n < 1 ? 1 : n;
   }();
   const std::int64_t resident = static_cast<std::int64_t>(sdk::cuda::sm_count(kFormat)) * blocks_per_sm;
   const std::int64_t blocks = p.tiles < resident ? p.tiles : resident;
-  quantize_16bit_kernel<In, kRow, kCol>
-      <<<static_cast<unsigned>(blocks), T::kThreads, 0, stream>>>(p);
+  quantize_16bit_kernel<In, kRow, kCol, kSR, Cast>
+      <<<static_cast<unsigned>(blocks), T::kThreads, 0, stream>>>(p, cast);
   QR_CUDA_CHECK_LAUNCH("quantize_16bit_kernel");
 }
 
+template <class In, bool kSR>
+void launch_quantize_16bit(const QuantizeParams& p, const qr_tensor_cast& cast,
+                           cudaStream_t stream) {
+  const bool row = p.row_data != nullptr, col = p.col_data != nullptr;
+  if constexpr (!kSR) {  // the fused cast (nvfp4_kernels.cu checked: columnwise alone)
+    if (cast.data != nullptr) {
+      if (cast.dtype == QR_DTYPE_E4M3)
+        launch_quantize_16bit_dirs<In, false, true, false, CastE4M3>(p, cast, stream);
+      else
+        launch_quantize_16bit_dirs<In, false, true, false, CastE5M2>(p, cast, stream);
+      return;
+    }
+  }
+  if (row && col) launch_quantize_16bit_dirs<In, true, true, kSR>(p, cast, stream);
+  else if (row) launch_quantize_16bit_dirs<In, true, false, kSR>(p, cast, stream);
+  else launch_quantize_16bit_dirs<In, false, true, kSR>(p, cast, stream);
+}
 
 }  // namespace
 
-void quantize_16bit(const QuantizeParams& p, qr_dtype src_dtype, cudaStream_t stream) {
-  const bool row = p.row_data != nullptr, col = p.col_data != nullptr;
+void quantize_16bit(const QuantizeParams& p, qr_dtype src_dtype, bool stochastic,
+                    const qr_tensor_cast& cast, cudaStream_t stream) {
   if (src_dtype == QR_DTYPE_BF16) {
-    if (row && col) launch_quantize_16bit_dirs<BF16In, true, true>(p, stream);
-    else if (row) launch_quantize_16bit_dirs<BF16In, true, false>(p, stream);
-    else launch_quantize_16bit_dirs<BF16In, false, true>(p, stream);
+    if (stochastic) launch_quantize_16bit<BF16In, true>(p, cast, stream);
+    else launch_quantize_16bit<BF16In, false>(p, cast, stream);
   } else {
-    if (row && col) launch_quantize_16bit_dirs<F16In, true, true>(p, stream);
-    else if (row) launch_quantize_16bit_dirs<F16In, true, false>(p, stream);
-    else launch_quantize_16bit_dirs<F16In, false, true>(p, stream);
+    if (stochastic) launch_quantize_16bit<F16In, true>(p, cast, stream);
+    else launch_quantize_16bit<F16In, false>(p, cast, stream);
   }
 }
 

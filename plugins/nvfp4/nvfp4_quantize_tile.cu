@@ -4,8 +4,8 @@
 //   - 2d or Hadamard: quantize_kernel, one block of 256 threads per 64x64 shared-memory tile
 //     (nvfp4_tile64.cuh), both directions from one read of the tile.
 //
-// Map of this file (STYLE.md rule 11): device helpers (the quantization of one 16-element
-// block, packed E2M1 stores), the kernels, then their launchers.
+// Map of this file (docs/architecture.md, "Conventions", rule 11): device helpers (the quantization
+// of one 16-element block, packed E2M1 stores), the kernels, then their launchers.
 //
 // Exactness: as nvfp4_kernels.cu says (every scalar rule is nvfp4_rules.hpp, compiled with
 // -fmad=false --ftz=false --prec-div=true; amaxes are exact maxima).
@@ -30,22 +30,38 @@ namespace {
 
 // ---------------------------------------------------------------- device helpers
 
-// template argument so the choice of rounding is made once per kernel, not per element.
+// Codes of the 16 elements v[j] * enc of one block: elements col .. col + 15 of data row
+// `data_row` (rows of data_cols elements; col % 16 == 0, so the block is 4 Philox groups under
+// stochastic rounding). Every element is encoded, valid or not: the tile holds +0 past the
+// tensor's edge and +0 * enc (enc is positive and finite) encodes to code 0 under both
+// roundings, so the padding nibble of an odd row comes out 0 without a per-element test.
+// kStochastic is a template argument so the choice of rounding is made once per kernel, not
+// per element.
 template <bool kStochastic>
 __device__ __forceinline__ void encode_block(const float (&v)[kBlock], float enc,
-                                             const RandomStream& random,
-                                             std::uint64_t first_index,
+                                             const RandomStream& random, std::int64_t data_row,
+                                             std::int64_t data_cols, std::int64_t col,
                                              std::uint8_t (&q)[kBlock]) {
 #pragma unroll
-  for (int j = 0; j < kBlock; ++j) {
-    const float x = v[j] * enc;
-    std::uint8_t code;
+  for (int g = 0; g < kBlock / kSrWordsPerCall; ++g) {
+    PhiloxWords r{{0u, 0u, 0u, 0u}};
     if constexpr (kStochastic)
-      code = rules::round_stochastic(
-          x, sr_random_word(random.seed, first_index + j, random.call_offset));
-    else
-      code = static_cast<std::uint8_t>(num::fast::f32_to_e2m1(x));  // == rules::round_nearest
-    q[j] = static_cast<std::uint8_t>(code & 0xFu);
+      r = sr_group_words(random.seed,
+                         sr_group(static_cast<std::uint64_t>(data_row),
+                                  static_cast<std::uint64_t>(data_cols),
+                                  static_cast<std::uint64_t>(col + kSrWordsPerCall * g)),
+                         random.call_offset);
+#pragma unroll
+    for (int w = 0; w < kSrWordsPerCall; ++w) {
+      const int j = kSrWordsPerCall * g + w;
+      const float x = v[j] * enc;
+      std::uint8_t code;
+      if constexpr (kStochastic)
+        code = rules::round_stochastic(x, r.w[w]);
+      else
+        code = static_cast<std::uint8_t>(num::fast::f32_to_e2m1(x));  // == rules::round_nearest
+      q[j] = static_cast<std::uint8_t>(code & 0xFu);
+    }
   }
 }
 
@@ -54,12 +70,13 @@ __device__ __forceinline__ void encode_block(const float (&v)[kBlock], float enc
 template <bool kStochastic>
 __device__ __forceinline__ std::uint8_t quantize_block(const float (&v)[kBlock], float s_enc,
                                                        float s_dec, const RandomStream& random,
-                                                       std::uint64_t first_index,
+                                                       std::int64_t data_row,
+                                                       std::int64_t data_cols, std::int64_t col,
                                                        std::uint8_t (&q)[kBlock]) {
   const BlockStats s = block_stats(v);
   const std::uint8_t code = block_scale_code(s.amax, s_enc);
-  encode_block<kStochastic>(v, rules::element_encode_factor(code, s_dec), random, first_index,
-                            q);
+  encode_block<kStochastic>(v, rules::element_encode_factor(code, s_dec), random, data_row,
+                            data_cols, col, q);
   return s.has_nan ? rules::kNanScaleCode : code;
 }
 
@@ -111,7 +128,6 @@ __global__ void __launch_bounds__(Tile::kThreads) quantize_kernel(const Quantize
     float v[kBlock];
 #pragma unroll
     for (int j = 0; j < kBlock; ++j) v[j] = tile[r][b * kBlock + j];
-    const auto first_index = static_cast<std::uint64_t>(row * p.cols + col);
     std::uint8_t q[kBlock];
     if (p.two_d) {
       // One tensor amax for both directions (equal buffers; rowwise when requested).
@@ -126,8 +142,8 @@ __global__ void __launch_bounds__(Tile::kThreads) quantize_kernel(const Quantize
       for (int k = 0; k < kBlock; ++k) amax = fmaxf(amax, row_block_amax[tile_r0 + k][b]);
       const std::uint8_t code = block_scale_code(amax, s_enc);
       if (r % kBlock == 0) tile_code[r / kBlock][b] = code;
-      encode_block<kStochastic>(v, rules::element_encode_factor(code, s_dec), p.random,
-                                first_index, q);
+      encode_block<kStochastic>(v, rules::element_encode_factor(code, s_dec), p.random, row,
+                                p.cols, col, q);
 #pragma unroll
       for (int w = 0; w < kBlock / 4; ++w)
         *reinterpret_cast<std::uint32_t*>(&codes[r][b * kBlock + 4 * w]) =
@@ -142,7 +158,7 @@ __global__ void __launch_bounds__(Tile::kThreads) quantize_kernel(const Quantize
       const float s_enc = rules::encode_scale(*p.row_amax);
       const float s_dec = 1.0f / s_enc;
       const std::uint8_t scale =
-          quantize_block<kStochastic>(v, s_enc, s_dec, p.random, first_index, q);
+          quantize_block<kStochastic>(v, s_enc, s_dec, p.random, row, p.cols, col, q);
       store_packed(p.row_data + row * p.row_pitch + col / 2, q, valid, p.row_vector_ok);
       p.row_scales[row * p.row_spitch + col / kBlock] = scale;
     }
@@ -170,8 +186,8 @@ __global__ void __launch_bounds__(Tile::kThreads) quantize_kernel(const Quantize
     if (p.hadamard) hadamard16_bf16(v);  // a whole run: rows % 16 == 0 was checked
     const float s_enc = rules::encode_scale(*p.col_amax);
     const float s_dec = 1.0f / s_enc;
-    scale = quantize_block<kStochastic>(v, s_enc, s_dec, p.random,
-                                        static_cast<std::uint64_t>(col * p.rows + row), q);
+    // Data row `col` of the transposed [cols, rows] output, elements row .. row + 15.
+    scale = quantize_block<kStochastic>(v, s_enc, s_dec, p.random, col, p.rows, row, q);
   }
   store_packed(p.col_data + col * p.col_pitch + row / 2, q, valid, p.col_vector_ok);
   p.col_scales[col * p.col_spitch + row / kBlock] = scale;

@@ -40,10 +40,15 @@ struct BlockAmax {
   }
 };
 
-std::uint8_t round_element(float v, const Rounding& rounding, std::uint64_t element_index) {
+// Element `col` of data row `row` (rows of `cols` elements) of the direction being written:
+// stochastic rounding draws its word from the Philox group of (row, col) (philox.hpp).
+std::uint8_t round_element(float v, const Rounding& rounding, std::int64_t row, std::int64_t cols,
+                           std::int64_t col) {
   if (!rounding.stochastic) return round_nearest(v);
-  return round_stochastic(
-      v, sr_random_word(rounding.seed, element_index, rounding.call_offset));
+  return round_stochastic(v, sr_random_word(rounding.seed, rounding.call_offset,
+                                            static_cast<std::uint64_t>(row),
+                                            static_cast<std::uint64_t>(cols),
+                                            static_cast<std::uint64_t>(col)));
 }
 
 void set_nibble(std::uint8_t* row, std::int64_t c, std::uint8_t code) {
@@ -117,6 +122,7 @@ float amax(const float* x, std::int64_t n) {
 
 std::vector<float> transpose(const float* x, std::int64_t rows, std::int64_t cols) {
   std::vector<float> out(static_cast<std::size_t>(rows * cols));
+  if (rows == 0 || cols == 0) return out;  // no data: no work, however many rows (issue 19)
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c) out[c * rows + r] = x[r * cols + c];
   return out;
@@ -126,6 +132,7 @@ std::vector<float> hadamard_transpose(const float* x, std::int64_t rows, std::in
   QR_CHECK(rows % kHadamardSize == 0, "hadamard_transpose needs rows divisible by ",
            kHadamardSize, "; got ", rows);
   std::vector<float> out(static_cast<std::size_t>(rows * cols));
+  if (rows == 0 || cols == 0) return out;
   float v[kHadamardSize];
   for (std::int64_t c = 0; c < cols; ++c) {
     for (std::int64_t r0 = 0; r0 < rows; r0 += kHadamardSize) {
@@ -143,6 +150,7 @@ void quantize_1d(const float* x, std::int64_t rows, std::int64_t cols, float ten
                  const Rounding& rounding, const DirectionOut& out) {
   clear_direction(out, rows, cols);
   *out.amax = tensor_amax;
+  if (rows == 0 || cols == 0) return;  // no data: no work, however many rows (issue 19)
   const float s_enc = encode_scale(tensor_amax);
   const float s_dec = 1.0f / s_enc;
   const std::int64_t pitch = packed_row_bytes(cols);
@@ -157,10 +165,8 @@ void quantize_1d(const float* x, std::int64_t rows, std::int64_t cols, float ten
       for (std::int64_t c = begin; c < end; ++c) block.add(xr[c]);
       const std::uint8_t code = block_scale_code(block.amax, s_enc);
       const float enc = element_encode_factor(code, s_dec);
-      for (std::int64_t c = begin; c < end; ++c) {
-        const auto index = static_cast<std::uint64_t>(r * cols + c);
-        set_nibble(data_row, c, round_element(xr[c] * enc, rounding, index));
-      }
+      for (std::int64_t c = begin; c < end; ++c)
+        set_nibble(data_row, c, round_element(xr[c] * enc, rounding, r, cols, c));
       out.scales[r * spitch + b] = block.has_nan ? kNanScaleCode : code;
     }
   }
@@ -177,6 +183,7 @@ void quantize_2d(const float* x, std::int64_t rows, std::int64_t cols, float ten
     clear_direction(*columnwise, cols, rows);
     *columnwise->amax = tensor_amax;
   }
+  if (rows == 0 || cols == 0) return;  // no data: no work, however many rows (issue 19)
   const float s_enc = encode_scale(tensor_amax);
   const float s_dec = 1.0f / s_enc;
   const std::int64_t row_pitch = packed_row_bytes(cols), row_spitch = scale_cols(cols);
@@ -201,8 +208,8 @@ void quantize_2d(const float* x, std::int64_t rows, std::int64_t cols, float ten
       const float enc = element_encode_factor(code, s_dec);
       for (std::int64_t r = r0; r < r1; ++r) {
         for (std::int64_t c = c0; c < c1; ++c) {
-          const auto index = static_cast<std::uint64_t>(r * cols + c);
-          const std::uint8_t q = round_element(x[r * cols + c] * enc, rounding, index);
+          // The rowwise element's word for both directions: the codes are drawn once.
+          const std::uint8_t q = round_element(x[r * cols + c] * enc, rounding, r, cols, c);
           if (rowwise) set_nibble(rowwise->data + r * row_pitch, c, q);
           if (columnwise) set_nibble(columnwise->data + c * col_pitch, r, q);
         }
@@ -231,6 +238,7 @@ void dequantize(const std::uint8_t* data, const std::uint8_t* scales, float tens
   const std::int64_t data_cols = transposed ? rows : cols;
   const std::int64_t pitch = packed_row_bytes(data_cols);
   const std::int64_t spitch = scale_cols(data_cols);
+  if (rows == 0 || cols == 0) return;  // no data: no work, however many rows (issue 19)
   for (std::int64_t i = 0; i < data_rows; ++i) {
     for (std::int64_t j = 0; j < data_cols; ++j) {
       const std::uint8_t q = get_nibble(data + i * pitch, j);

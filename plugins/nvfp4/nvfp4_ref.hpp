@@ -1,4 +1,4 @@
-// CPU reference of the nvfp4 format: the executable specification (DESIGN.md section 7,
+// CPU reference of the nvfp4 format: the executable specification (docs/numerics.md,
 // "nvfp4"). The CUDA kernels (nvfp4_kernels.cu) reproduce its bytes, scales and amax bit for
 // bit (test_gpu_parity holds them to it); test_nvfp4.cpp and the conformance suite hold the
 // plugin to this file.
@@ -68,6 +68,7 @@ std::uint8_t round_nearest(float v);
 // Stochastic rounding of v = x * enc with the 32-bit random word r: with lo < |v| < hi the
 // neighbouring E2M1 values, round away from zero iff (r >> 8) * 2^-24 < (|v| - lo) / (hi - lo)
 // (FP32); |v| >= 6 (inf included) gives 6, grid values stay, the sign is kept; NaN gives 0x7.
+// The words: one Philox4x32-10 call per 4 consecutive elements of a data row (philox.hpp).
 std::uint8_t round_stochastic(float v, std::uint32_t r);
 
 // (float(q) * float(scale)) * s_dec; the scale's NaN (0x7FC00000) when scale_code is 0x7F.
@@ -117,12 +118,13 @@ struct DirectionOut {
   float* amax = nullptr;
 };
 
-// 1x16 blocks along the rows of the data matrix x [rows, cols]. SR element index = r*cols + c.
+// 1x16 blocks along the rows of the data matrix x [rows, cols]. Stochastic rounding: element
+// (r, c) takes word c % 4 of the Philox group sr_group(r, cols, c) (philox.hpp).
 void quantize_1d(const float* x, std::int64_t rows, std::int64_t cols, float tensor_amax,
                  const Rounding& rounding, const DirectionOut& out);
 
 // 16x16 tiles of the source x [rows, cols] share one block scale (from the tile's amax). The
-// codes are computed once in rowwise order (SR element index = r*cols + c); the columnwise
+// codes are computed once in rowwise order (SR words of the rowwise element (r, c)); the columnwise
 // data is their transpose. Scales are stored per 1x16 (rowwise) / 16x1 (columnwise) block as
 // in quantize_1d, each holding its tile's scale, so the columnwise scales are the transpose of
 // the rowwise ones, except for the NaN mark: 0x7F goes on the stored blocks that hold a NaN
@@ -174,7 +176,7 @@ struct Request {
 void check_quantize_call(const qr_tensor_view& src, const Config& config,
                          const Request& request);
 
-// Quantize src into the requested directions (DESIGN.md section 7, nvfp4).
+// Quantize src into the requested directions (docs/numerics.md, "nvfp4").
 void quantize(const qr_tensor_view& src, const Config& config, const Request& request);
 
 }  // namespace qrecipe::nvfp4::ref

@@ -1,4 +1,4 @@
-// The scalar rules of nvfp4 (DESIGN.md section 7, "nvfp4"; docs/numerics.md) as __host__
+// The scalar rules of nvfp4 (docs/numerics.md, "nvfp4") as __host__
 // __device__ functions: the single implementation that the CPU reference (nvfp4_ref.cpp) and
 // the CUDA kernels (nvfp4_kernels.cu) both run, so the two cannot drift apart. Every FP4/FP8
 // rounding goes through qrecipe::num; the order of FP32 operations is the one written here
@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cfloat>
+#include <cmath>
 #include <cstdint>
 
 #include "qrecipe/conversions.hpp"
@@ -30,8 +31,12 @@ QR_HD float encode_scale(float tensor_amax) {
   return scale_from_amax(tensor_amax, kTensorScaleNumerator, /*pow2=*/false, /*eps=*/0.0f);
 }
 
-// S_dec = 1 / S_enc.
-QR_HD float decode_scale(float tensor_amax) { return 1.0f / encode_scale(tensor_amax); }
+// S_dec = 1 / S_enc: qrecipe::tensor_decode_factor with this format's numerator, the very
+// function the engine's GPU GEMM decodes with once the descriptor hands it the numerator
+// (tensor_scale_numerator, plugin_abi.h).
+QR_HD float decode_scale(float tensor_amax) {
+  return tensor_decode_factor(tensor_amax, kTensorScaleNumerator);
+}
 
 // E4M3 code of a block scale: the product S_enc * fl32(1/6) first (the order decides the
 // result at E4M3 rounding boundaries).
@@ -50,29 +55,55 @@ QR_HD float element_encode_factor(std::uint8_t scale_code, float s_dec) {
 // E2M1 code (sign in bit 3) of v, round to nearest even, saturating; NaN gives 0x7.
 QR_HD std::uint8_t round_nearest(float v) { return num::f32_to_e2m1(v); }
 
-// Stochastic rounding of v with the 32-bit random word r: with lo < |v| < hi the neighbouring
-// E2M1 values, round away from zero iff (r >> 8) * 2^-24 < (|v| - lo) / (hi - lo) (FP32);
-// |v| >= 6 (inf included) gives 6, grid values stay, the sign is kept; NaN gives 0x7.
+// floor(t) of 0 <= t < 4, exactly, as a float and as an integer. The device adds 2^23 rounding
+// down (the integer part lands in the low mantissa bits) instead of FRND / F2I, which run on
+// the slow conversion pipe; the host uses std::floor. Both are exact, so they agree.
+struct SmallFloor {
+  float value;
+  std::uint32_t integer;
+};
+QR_HD SmallFloor floor_below_4(float t) {
+#if defined(__CUDA_ARCH__)
+  const float shifted = __fadd_rd(t, 8388608.0f);  // 2^23 + floor(t), exactly
+  return {__fsub_rn(shifted, 8388608.0f), __float_as_uint(shifted) & 3u};
+#else
+  const float f = std::floor(t);
+  return {f, static_cast<std::uint32_t>(f)};
+#endif
+}
+
+// The E2M1 magnitude code (0..7) of stochastic rounding of a = |v| (a >= 0, not NaN) with the
+// random word r: round away from zero iff (r >> 8) * 2^-24 < (a - lo) / (hi - lo) (FP32), with
+// lo <= a < hi the neighbouring E2M1 values; a >= 6 (inf included) gives 6, grid values stay.
+// Computed without the division and the grid search, with the same result for every input:
+//   - a is clamped to 6 (then t = 3, p = 0 below: code 7, never moved);
+//   - k = 1 / (hi - lo) is 2 below 2, 1 below 4 and 0.5 from 4, so t = a * k is exact (a power
+//     of two), lies in [0, 4) and the grid is the integers there: lo * k = floor(t);
+//   - p = t - floor(t) is exact (floor(t) = 0, or floor(t) >= t / 2: Sterbenz) and equals
+//     (a - lo) / (hi - lo) exactly (a - lo is exact by Sterbenz, and dividing it by a power of
+//     two is exact here), so it is the reference's p;
+//   - (r >> 8) * 2^-24 < p  <=>  float(r >> 8) < p * 2^24: both sides are exact;
+//   - lo's code is floor(t) plus 0, 2 or 4 (codes 0-3 are 0, 0.5, 1, 1.5; 4-5 are 2, 3; 6-7 are
+//     4, 6).
+// test_nvfp4.cpp checks it against the formula written plainly, over every boundary.
+QR_HD std::uint32_t sr_magnitude(float a, std::uint32_t r) {
+  a = a < 6.0f ? a : 6.0f;
+  const bool below2 = a < 2.0f, below4 = a < 4.0f;
+  const float k = below2 ? 2.0f : (below4 ? 1.0f : 0.5f);
+  const std::uint32_t code_offset = below2 ? 0u : (below4 ? 2u : 4u);
+  const float t = a * k;
+  const SmallFloor f = floor_below_4(t);
+  const float p = t - f.value;
+  const bool away = static_cast<float>(r >> 8) < p * 16777216.0f;  // 2^24
+  return f.integer + code_offset + (away ? 1u : 0u);
+}
+
+// Stochastic rounding of v with the 32-bit random word r (sr_magnitude above), sign kept; NaN
+// gives 0x7, as round to nearest does (E2M1 has no NaN; the block scale carries it).
 QR_HD std::uint8_t round_stochastic(float v, std::uint32_t r) {
-  if (num::is_nan(v)) return num::f32_to_e2m1(v);  // E2M1 has no NaN: 0x7, like RNE
-  const std::uint8_t sign = static_cast<std::uint8_t>((num::float_bits(v) >> 31) << 3);
-  const float a = num::abs_f(v);
-  // The non-negative E2M1 values; code = index.
-  constexpr float kGrid[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  if (a >= kGrid[7]) return static_cast<std::uint8_t>(sign | num::f32_to_e2m1(kGrid[7]));
-  // lo = the largest grid value <= a, hi the next one (the grid increases, a < 6). A fixed
-  // trip count with constant indices keeps the grid in registers on the device.
-  float lo = kGrid[0], hi = kGrid[1];
-  for (int k = 1; k < 7; ++k) {
-    if (kGrid[k] <= a) {
-      lo = kGrid[k];
-      hi = kGrid[k + 1];
-    }
-  }
-  if (a == lo) return static_cast<std::uint8_t>(sign | num::f32_to_e2m1(lo));
-  const float u = static_cast<float>(r >> 8) * num::exp2i(-24);  // 24 random bits in [0, 1)
-  const float p = (a - lo) / (hi - lo);  // probability of rounding away from zero
-  return static_cast<std::uint8_t>(sign | num::f32_to_e2m1(u < p ? hi : lo));
+  if (num::is_nan(v)) return num::f32_to_e2m1(v);
+  const std::uint32_t sign = (num::float_bits(v) >> 31) << 3;
+  return static_cast<std::uint8_t>(sign | sr_magnitude(num::abs_f(v), r));
 }
 
 // (float(q) * float(s)) * S_dec. A NaN scale (0x7F, the NaN mark) returns the scale's own

@@ -52,22 +52,37 @@ struct Tile1d {
 // num::fast::f32_to_e2m1, or, when no element of the warp tile is NaN, the magnitude of
 // |x| * enc with x's sign: |x * enc| = |x| * enc and the sign is x's because enc is positive
 // and finite, and f32_to_e2m1_non_nan == f32_to_e2m1 off NaN) or stochastic rounding with the
-// element's random word.
+// element's random word (rules::round_stochastic, or off NaN its magnitude rules::sr_magnitude
+// with x's sign, by the same argument).
 template <bool kStochastic, bool kNaNFree>
-__device__ __forceinline__ std::uint32_t encode_element(float x, float enc,
-                                                        const RandomStream& random,
-                                                        std::uint64_t index) {
-  if constexpr (kStochastic)
-    return rules::round_stochastic(x * enc,
-                                   sr_random_word(random.seed, index, random.call_offset)) &
-           0xFu;
+__device__ __forceinline__ std::uint32_t encode_element(float x, float enc, std::uint32_t word) {
+  if constexpr (kStochastic && kNaNFree)
+    return rules::sr_magnitude(fabsf(x) * enc, word) | ((__float_as_uint(x) >> 28) & 0x8u);
+  else if constexpr (kStochastic)
+    return rules::round_stochastic(x * enc, word) & 0xFu;
   else if constexpr (kNaNFree)
     return num::fast::e2m1_magnitude(fabsf(x) * enc) | ((__float_as_uint(x) >> 28) & 0x8u);
   else
     return num::fast::f32_to_e2m1(x * enc);
 }
 
-// Column k's 4 codes (rows first_row .. + 3 of transposed row col + k) in 16 bits, k = 0..7.
+// The 4 stochastic-rounding words of elements col .. col + 3 (col % 4 == 0) of data row `row`
+// (rows of data_cols elements): one Philox call. Round to nearest draws nothing.
+template <bool kStochastic>
+__device__ __forceinline__ PhiloxWords sr_words(const RandomStream& random, std::int64_t row,
+                                                std::int64_t data_cols, std::int64_t col) {
+  if constexpr (kStochastic)
+    return sr_group_words(random.seed,
+                          sr_group(static_cast<std::uint64_t>(row),
+                                   static_cast<std::uint64_t>(data_cols),
+                                   static_cast<std::uint64_t>(col)),
+                          random.call_offset);
+  else
+    return PhiloxWords{{0u, 0u, 0u, 0u}};
+}
+
+// Column k's 4 codes (rows first_row .. + 3 of transposed row col + k) in 16 bits, k = 0..7;
+// first_row % 4 == 0, so the 4 elements are one Philox group of data row col + k.
 template <bool kStochastic, bool kNaNFree>
 __device__ __forceinline__ void encode_columns(const float (&x)[4][8], const float (&enc)[8],
                                                const RandomStream& random, std::int64_t col,
@@ -75,26 +90,32 @@ __device__ __forceinline__ void encode_columns(const float (&x)[4][8], const flo
                                                std::uint32_t (&half)[8]) {
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
+    const PhiloxWords r = sr_words<kStochastic>(random, col + k, rows, first_row);
     std::uint32_t h = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      h |= encode_element<kStochastic, kNaNFree>(
-               x[i][k], enc[k], random, static_cast<std::uint64_t>((col + k) * rows + first_row + i))
-           << (4 * i);
+      h |= encode_element<kStochastic, kNaNFree>(x[i][k], enc[k], r.w[i]) << (4 * i);
     half[k] = h;
   }
 }
 
-// Codes of one warp tile, both directions (see quantize_1d_kernel). kNaNFree: no element of
-// the warp's tile is NaN (the common case: no per-element NaN test).
+// Codes of the 8 elements of one row of a lane (columns col .. col + 7 of data row `row`,
+// col % 8 == 0: two Philox groups). kNaNFree: no element of the warp's tile is NaN (the common
+// case: no per-element NaN test).
 template <bool kStochastic, bool kNaNFree>
 __device__ __forceinline__ std::uint32_t encode_row8(const float (&x)[8], float enc,
                                                      const RandomStream& random,
-                                                     std::uint64_t first_index) {
+                                                     std::int64_t row, std::int64_t cols,
+                                                     std::int64_t col) {
   std::uint32_t word = 0;
 #pragma unroll
-  for (int k = 0; k < 8; ++k)
-    word |= encode_element<kStochastic, kNaNFree>(x[k], enc, random, first_index + k) << (4 * k);
+  for (int half = 0; half < 2; ++half) {
+    const PhiloxWords r = sr_words<kStochastic>(random, row, cols, col + 4 * half);
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      word |= encode_element<kStochastic, kNaNFree>(x[4 * half + k], enc, r.w[k])
+              << (4 * (4 * half + k));
+  }
   return word;
 }
 
@@ -195,10 +216,9 @@ __device__ __forceinline__ void quantize_1d_rows(
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     const std::int64_t r = lane_row + i;
-    const auto first = static_cast<std::uint64_t>(r * p.cols + col);
     const std::uint32_t word =
-        warp_nan ? encode_row8<kStochastic, false>(x[i], enc[i], p.random, first)
-                 : encode_row8<kStochastic, true>(x[i], enc[i], p.random, first);
+        warp_nan ? encode_row8<kStochastic, false>(x[i], enc[i], p.random, r, p.cols, col)
+                 : encode_row8<kStochastic, true>(x[i], enc[i], p.random, r, p.cols, col);
     if (r < p.rows && valid_cols > 0) {
       const int valid_bytes = (valid_cols + 1) / 2;
       sdk::cuda::store_bytes4(p.row_data, r * p.row_pitch + col / 2, valid_bytes,

@@ -99,11 +99,6 @@ __device__ __forceinline__ BlockStats block_stats(const float (&v)[kBlock]) {
   return s;
 }
 
-// Codes of the 16 elements v[j] * enc, element j with stochastic-rounding index
-// first_index + j. Every element is encoded, valid or not: the tile holds +0 past the tensor's
-// edge and +0 * enc (enc is positive and finite) encodes to code 0 under both roundings, so
-// the padding nibble of an odd row comes out 0 without a per-element test. kStochastic is a
-
 // Tiles of 64x64 over [rows, cols] (one CUDA block each), checked against the grid limit.
 inline unsigned tile_grid(std::int64_t rows, std::int64_t cols, std::int64_t& tiles_per_row,
                    const char* entry) {

@@ -4,10 +4,13 @@
 // sharing any generator state. Written from the published constants; checked against the
 // Random123 known-answer vectors in test_nvfp4.cpp.
 //
-// nvfp4 stochastic rounding uses it as (DESIGN.md section 7):
+// nvfp4 stochastic rounding uses it as (docs/numerics.md, "nvfp4", stochastic rounding): one call
+// gives the 4 words of 4 consecutive elements of a data row, so a kernel draws one call per 4
+// elements (the previous definition drew a call per element and kept word 0 only):
 //   key     = (seed low 32 bits, seed high 32 bits)
-//   counter = (element index low, element index high, call offset low, call offset high)
-//   word    = output word 0
+//   group   = data_row * ceil(data_cols / 4) + col / 4   (element col of data row data_row)
+//   counter = (group low, group high, call offset low, call offset high)
+//   word    = output word col % 4
 #pragma once
 
 #include <cstdint>
@@ -57,16 +60,33 @@ QR_HD PhiloxWords philox4x32_10(std::uint32_t c0, std::uint32_t c1, std::uint32_
   return PhiloxWords{{c0, c1, c2, c3}};
 }
 
-// The stochastic-rounding word of one element: output word 0 for
-// key = seed, counter = (element_index, call_offset), both split into (low, high) 32-bit halves.
-QR_HD std::uint32_t sr_random_word(std::uint64_t seed, std::uint64_t element_index,
-                                   std::uint64_t call_offset) {
-  return philox4x32_10(static_cast<std::uint32_t>(element_index),
-                       static_cast<std::uint32_t>(element_index >> 32),
+// Elements of one Philox call: 4 consecutive elements of a data row, starting at a multiple of 4.
+inline constexpr int kSrWordsPerCall = 4;
+
+// The Philox group of element `col` of data row `data_row` (rows of data_cols elements): groups
+// never straddle two data rows, whatever data_cols is.
+QR_HD std::uint64_t sr_group(std::uint64_t data_row, std::uint64_t data_cols, std::uint64_t col) {
+  const std::uint64_t groups_per_row = (data_cols + kSrWordsPerCall - 1) / kSrWordsPerCall;
+  return data_row * groups_per_row + col / kSrWordsPerCall;
+}
+
+// The 4 stochastic-rounding words of a group: word j belongs to element 4 * (group's first) + j.
+QR_HD PhiloxWords sr_group_words(std::uint64_t seed, std::uint64_t group,
+                                 std::uint64_t call_offset) {
+  return philox4x32_10(static_cast<std::uint32_t>(group), static_cast<std::uint32_t>(group >> 32),
                        static_cast<std::uint32_t>(call_offset),
                        static_cast<std::uint32_t>(call_offset >> 32),
-                       static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32))
-      .w[0];
+                       static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
+}
+
+// The stochastic-rounding word of one element (a whole Philox call: kernels call
+// sr_group_words once per 4 elements instead).
+QR_HD std::uint32_t sr_random_word(std::uint64_t seed, std::uint64_t call_offset,
+                                   std::uint64_t data_row, std::uint64_t data_cols,
+                                   std::uint64_t col) {
+  const PhiloxWords g = sr_group_words(seed, sr_group(data_row, data_cols, col), call_offset);
+  const std::uint64_t j = col % kSrWordsPerCall;  // constant indices keep g in registers
+  return j == 0 ? g.w[0] : (j == 1 ? g.w[1] : (j == 2 ? g.w[2] : g.w[3]));
 }
 
 }  // namespace qrecipe::nvfp4

@@ -1,15 +1,16 @@
-// Tests of the nvfp4 plugin (DESIGN.md section 7, "nvfp4"; rules in nvfp4_ref.hpp).
+// Tests of the nvfp4 plugin (docs/numerics.md, "nvfp4"; rules in nvfp4_ref.hpp).
 //
 // Everything that quantizes goes through the registry and the engine, exactly like a user:
 //   auto reg = std::make_shared<Registry>();
 //   Engine engine(Recipe::uniform(spec), reg);
 //   auto q = engine.make_quantizer(spec, role);
-// Only the two shared __host__ __device__ headers (philox.hpp, hadamard.hpp) are tested
-// directly, because the plugin reaches them only through whole quantize calls.
+// Only the shared __host__ __device__ headers (philox.hpp, hadamard.hpp, and the stochastic
+// rounding rule of nvfp4_rules.hpp) are tested directly, because the plugin reaches them only
+// through whole quantize calls.
 //
 // Map
 //   1. helpers (engine fixture, tensors, nibble access)
-//   2. Philox4x32-10 known answers; the Hadamard matrix
+//   2. Philox4x32-10 known answers, the SR word groups and rule; the Hadamard matrix
 //   3. layouts, options, errors
 //   4. known-answer vectors (rowwise, columnwise, order of operations, partial blocks)
 //   5. edge cases (zeros, empty, NaN, inf, amax override)
@@ -37,6 +38,7 @@
 #include <vector>
 
 #include "hadamard.hpp"
+#include "nvfp4_rules.hpp"
 #include "philox.hpp"
 #include "qrecipe/conversions.hpp"
 #include "qrecipe/engine.hpp"
@@ -200,10 +202,91 @@ TEST_CASE("philox4x32-10 matches the Random123 known-answer vectors") {
   CHECK(c.w[1] == 0x94fdccebu);
   CHECK(c.w[2] == 0x5001e420u);
   CHECK(c.w[3] == 0x24126ea1u);
-  // The stochastic-rounding word: key = (seed lo, seed hi), counter = (index lo, index hi,
-  // offset lo, offset hi), word 0.
-  CHECK(nvfp4::sr_random_word(0x299f31d0a4093822ull, 0x85a308d3243f6a88ull,
-                              0x0370734413198a2eull) == 0xd16cfe09u);
+  // The stochastic-rounding words: key = (seed lo, seed hi), counter = (group lo, group hi,
+  // offset lo, offset hi); element col of data row row takes word col % 4 of group
+  // row * ceil(cols / 4) + col / 4.
+  const std::uint64_t seed = 0x299f31d0a4093822ull, offset = 0x0370734413198a2eull;
+  const std::uint64_t group = 0x85a308d3243f6a88ull;
+  const auto words = nvfp4::sr_group_words(seed, group, offset);
+  CHECK(words.w[0] == 0xd16cfe09u);
+  CHECK(words.w[3] == 0x24126ea1u);
+  // Element col of data row row takes word col % 4 of group row * ceil(cols / 4) + col / 4:
+  // with 4 * g + 2 elements a row (g + 1 groups), element (1, 4 * g + 1) is in group
+  // (g + 1) + g, word 1; g has a non-zero high word, so both counter words are exercised.
+  const std::uint64_t g = (5ull << 32) | 0x243f6a88u;
+  CHECK(nvfp4::sr_group(1, 4 * g + 2, 4 * g + 1) == 2 * g + 1);
+  const auto gw = nvfp4::philox4x32_10(static_cast<std::uint32_t>(2 * g + 1),
+                                       static_cast<std::uint32_t>((2 * g + 1) >> 32),
+                                       static_cast<std::uint32_t>(offset),
+                                       static_cast<std::uint32_t>(offset >> 32),
+                                       static_cast<std::uint32_t>(seed),
+                                       static_cast<std::uint32_t>(seed >> 32));
+  CHECK(nvfp4::sr_random_word(seed, offset, 1, 4 * g + 2, 4 * g + 1) == gw.w[1]);
+  CHECK(nvfp4::sr_random_word(seed, offset, 1, 4 * g + 2, 4 * g) == gw.w[0]);
+  CHECK(nvfp4::sr_random_word(seed, offset, 1, 4 * g + 2, 4 * g + 3) == gw.w[3]);
+  // Groups never straddle rows: a row of 5 elements is 2 groups, the second holding one.
+  CHECK(nvfp4::sr_group(0, 5, 4) == 1);
+  CHECK(nvfp4::sr_group(1, 5, 0) == 2);
+  CHECK(nvfp4::sr_group(3, 5, 4) == 7);
+}
+
+// The stochastic-rounding rule written plainly (the definition of docs/numerics.md), to check
+// rules::sr_magnitude's division-free form against.
+std::uint8_t plain_round_stochastic(float v, std::uint32_t r) {
+  if (std::isnan(v)) return 0x7;
+  const std::uint8_t sign = std::signbit(v) ? 0x8 : 0x0;
+  const float a = std::fabs(v);
+  constexpr float kGrid[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  if (a >= 6.0f) return sign | 7;
+  int i = 0;
+  while (kGrid[i + 1] <= a) ++i;
+  if (a == kGrid[i]) return static_cast<std::uint8_t>(sign | i);
+  const float u = static_cast<float>(r >> 8) * 0x1p-24f;
+  const float p = (a - kGrid[i]) / (kGrid[i + 1] - kGrid[i]);
+  return static_cast<std::uint8_t>(sign | (u < p ? i + 1 : i));
+}
+
+TEST_CASE("stochastic rounding: the division-free rule equals the plain definition") {
+  // Every E2M1 interval, its ends and the floats beside them, subnormals, inf, NaN; random
+  // words and the words at the decision threshold (u just below / at / above p).
+  std::vector<float> values = {0.0f, -0.0f, 1e-45f, 1e-40f, 0x1p-126f, 0x1p-30f, 0.1f, 0.3f,
+                               std::numeric_limits<float>::infinity(), 7.0f, 100.0f, 3.4e38f};
+  for (const float g : {0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f, 3.5f,
+                        4.0f, 5.0f, 6.0f, 8.0f}) {
+    values.push_back(g);
+    values.push_back(std::nextafter(g, 0.0f));
+    values.push_back(std::nextafter(g, 100.0f));
+  }
+  Lcg rng{321};
+  for (int i = 0; i < 20000; ++i) values.push_back(std::fabs(rng.next()) * 7.0f);
+  for (int i = 0; i < 2000; ++i) values.push_back(std::ldexp(std::fabs(rng.next()), -(i % 40)));
+  std::uint32_t word_state = 12345;
+  long checked = 0;
+  for (const float a : values) {
+    for (const float v : {a, -a}) {
+      std::vector<std::uint32_t> words = {0u, 0xFFFFFFFFu, 0x80000000u, 0x000000FFu, 0x100u};
+      for (int k = 0; k < 8; ++k) words.push_back(word_state = word_state * 1664525u + 1013904223u);
+      // Words around the threshold: u = floor(p * 2^24) - 1 .. + 1 for this value's p.
+      const float x = std::fmin(std::fabs(v), 6.0f);
+      int i = 0;
+      constexpr float kGrid[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+      while (i < 7 && kGrid[i + 1] <= x) ++i;
+      if (i < 7) {
+        const double p = (static_cast<double>(x) - kGrid[i]) / (kGrid[i + 1] - kGrid[i]);
+        const auto u = static_cast<std::int64_t>(std::floor(p * 16777216.0));
+        for (std::int64_t d = -1; d <= 1; ++d)
+          if (u + d >= 0 && u + d < (1 << 24))
+            words.push_back(static_cast<std::uint32_t>((u + d) << 8) | 0xABu);
+      }
+      for (const std::uint32_t r : words) {
+        INFO("v = ", v, " (bits ", num::float_bits(v), "), r = ", r);
+        REQUIRE(nvfp4::rules::round_stochastic(v, r) == plain_round_stochastic(v, r));
+        ++checked;
+      }
+    }
+  }
+  CHECK(checked > 400000);
+  CHECK(nvfp4::rules::round_stochastic(std::numeric_limits<float>::quiet_NaN(), 0u) == 0x7);
 }
 
 // The transform as a matrix: row j is the transform of the unit vector e_j.
@@ -918,7 +1001,8 @@ TEST_CASE("stochastic rounding: known answer from the Philox words") {
   // [1, 32]: block 0 = {6, 0.7 x 15} (amax 6 -> s 0x78, enc 1 with S_enc 256), block 1 holds
   // the tensor amax 10.5 and grid values. v = 0.7f lies between 0.5 (code 1) and 1 (code 2):
   // element i rounds up iff (r_i >> 8) * 2^-24 < (0.7f - 0.5f) / (1 - 0.5f), with
-  // r_i = word 0 of Philox(key = seed, counter = (i, 0, offset, 0)).
+  // r_i = word i % 4 of Philox(key = seed, counter = (i / 4, 0, offset, 0)) (a row of 32
+  // elements is 8 groups of 4).
   const std::int64_t seed = 0x1234567887654321;
   const std::uint64_t offset = 7;
   Nvfp4 q(sr_spec(seed));
@@ -935,7 +1019,11 @@ TEST_CASE("stochastic rounding: known answer from the Philox words") {
   const float p = (0.7f - 0.5f) / (1.0f - 0.5f);
   int ups = 0;
   for (int i = 1; i < 16; ++i) {
-    const std::uint32_t r = nvfp4::sr_random_word(static_cast<std::uint64_t>(seed), i, offset);
+    const std::uint32_t r =
+        nvfp4::philox4x32_10(i / 4, 0, offset, 0, static_cast<std::uint32_t>(seed),
+                             static_cast<std::uint32_t>(static_cast<std::uint64_t>(seed) >> 32))
+            .w[i % 4];
+    CHECK(r == nvfp4::sr_random_word(static_cast<std::uint64_t>(seed), offset, 0, 32, i));
     const bool up = static_cast<float>(r >> 8) * 0x1p-24f < p;
     ups += up;
     INFO("element ", i, " word ", r);
@@ -955,7 +1043,7 @@ TEST_CASE("stochastic rounding: known answer from the Philox words") {
       CHECK(nibble(t, kRow, 0, 16 + j) == grid_codes[j]);
   }
   // 10 -> 5.7142859 between 4 and 6: up iff u < (5.7142859 - 4) / 2.
-  const std::uint32_t r25 = nvfp4::sr_random_word(static_cast<std::uint64_t>(seed), 25, offset);
+  const std::uint32_t r25 = nvfp4::sr_random_word(static_cast<std::uint64_t>(seed), offset, 0, 32, 25);
   const float p25 = (10.0f * (1.0f / 1.75f) - 4.0f) / (6.0f - 4.0f);
   CHECK(nibble(t, kRow, 0, 25) == (static_cast<float>(r25 >> 8) * 0x1p-24f < p25 ? 7 : 6));
 }
@@ -986,8 +1074,8 @@ TEST_CASE("stochastic rounding: determinism, offsets and the rng_offset override
   Nvfp4 same(sr_spec(42)), other(sr_spec(43));
   CHECK(data_vec(same->quantize(x.view(), kBoth, at1), kRow) == data_vec(c1, kRow));
   CHECK(data_vec(other->quantize(x.view(), kBoth, at1), kRow) != data_vec(c1, kRow));
-  // Columnwise element index = the linear index in the transposed [K, M] data order: the
-  // columnwise bytes equal the rowwise SR quantization of the transpose at the same offset.
+  // Columnwise words follow the transposed [K, M] data (data row k, element m): the columnwise
+  // bytes equal the rowwise SR quantization of the transpose at the same offset.
   std::vector<float> vt(M * K);
   for (std::int64_t m = 0; m < M; ++m)
     for (std::int64_t k = 0; k < K; ++k) vt[k * M + m] = v[m * K + k];

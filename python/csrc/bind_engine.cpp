@@ -118,6 +118,7 @@ void load_scaling_states(Engine& engine, const py::list& states, bool update) {
              owner, "' has an amax history of ", v.amax_history.size(), " steps but recipe '",
              engine.recipe().name(), "' gives that role amax_history_len ", expected,
              "; load it under a recipe with the same amax_history_len");
+    engine.check_scaling_values(found, v);  // all checked before any is written
     writes.emplace_back(found, std::move(v));
   }
   std::vector<std::size_t> loaded;

@@ -40,7 +40,16 @@ void bind_recipe(py::module_& m) {
         for (const auto& rule : r.rules()) out.emplace_back(rule.match.str(), rule.decision_str());
         out.emplace_back("defaults", r.defaults().str());
         return out;
-      });
+      })
+      .def("telemetry", [](const Recipe& r) -> py::object {
+        const TelemetrySettings& t = r.telemetry();
+        if (!t.enabled()) return py::none();
+        py::dict d;
+        d["every"] = t.every;
+        d["roles"] = t.roles;
+        d["location"] = t.location.str();
+        return d;
+      }, "The recipe's `telemetry:` key as {every, roles, location}, or None without one.");
 
   m.def("plugins", [] {
     py::list out;

@@ -6,7 +6,7 @@
 //   parse_direction  "rowwise" / "columnwise" -> qr_direction (an error names both)
 //   current_stream   torch's current stream on a tensor's device (nullptr on the CPU)
 //   bind_<area>      adds one area's classes and functions to the module (module.cpp calls
-//                    them in order: recipe, engine, quantize, gemm, factories)
+//                    them in order: recipe, engine, quantize, gemm, factories, optim)
 //
 // How to add a binding: put it in the area it belongs to (or a new bind_<area>.cpp listed in
 // python/CMakeLists.txt and called from module.cpp); types shared by several areas live here.
@@ -66,5 +66,6 @@ void bind_quantize(py::module_& m);  // bind_quantize.cpp: Quantizer, QuantizedT
 void bind_gemm(py::module_& m);      // bind_gemm.cpp: gemm, gemm_many, raw cuBLASLt GEMM
 void bind_factories(py::module_& m); // bind_factories.cpp: factory resolver, coverage, origins
 void bind_grouped_gemm(py::module_& m);  // bind_grouped_gemm.cpp: grouped GEMMs, device splits
+void bind_optim(py::module_& m);     // bind_optim.cpp: the optimizer step (qrecipe.optim)
 
 }  // namespace qrecipe::python

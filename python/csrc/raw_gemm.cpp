@@ -1,9 +1,8 @@
 // qrecipe._C.raw_cublaslt_gemm (see raw_gemm.hpp).
 //
 // out[M, N] = A[M, K] . B[N, K]^T with both operands stored K-major, issued as exactly one
-// qrecipe::cublaslt::matmul (engine/src/gemm/cuda/cublaslt.hpp: the engine's handle, workspace,
-// prepared descriptors and heuristic choice) in the TN form engine/src/gemm/cuda/gemm_cuda.cpp gives a
-// native GEMM (its transposition convention: cuBLAS A_c = our B, B_c = our A, m = N, n = M).
+// raw cuBLASLt GEMM of the benchmarks' helper (bench/raw_cublaslt.hpp: the TN GEMM the engine
+// issues for a native pair, set up as the engine sets it up, in the library the engine loaded).
 // Nothing else runs: no plan, no decode, no epilogue kernel, so its time is the raw cuBLASLt
 // time of that precision, layout and shape. It is a benchmark floor, not an engine entry
 // point: the bytes are taken as they are (bench/bench_linear.py passes the buffers of real
@@ -14,10 +13,11 @@
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <stdexcept>
 #include <string>
 
-#include "gemm/cuda/cublaslt.hpp"  // engine/src (internal); libqrecipe exports its functions
 #include "qrecipe/error.hpp"
+#include "raw_cublaslt.hpp"  // bench/: the benchmarks' raw cuBLASLt GEMM
 #endif
 
 namespace qrecipe::python {
@@ -71,15 +71,12 @@ void check_on(const at::Tensor& t, const at::Tensor& out, const char* what) {
            " is not contiguous");
 }
 
-// Our K-major operand [outer, K] row-major is the column-major K x outer matrix with ld K.
-cublaslt::Matrix k_major(const Operand& o, cublasOperation_t op) {
-  cublaslt::Matrix x;
+// Our K-major operand [outer, K] row-major.
+raw_cublaslt::Operand k_major(const Operand& o) {
+  raw_cublaslt::Operand x;
   x.data = o.data.data_ptr();
   x.type = data_type(o);
-  x.op = op;
-  x.rows = o.data.size(1);
-  x.cols = o.data.size(0);
-  x.ld = o.data.size(1);
+  x.outer = o.data.size(0);
   if (o.scale) {
     x.scale = o.scale->data_ptr();
     x.scale_mode = scale_mode(o);
@@ -116,29 +113,27 @@ void raw_cublaslt_gemm(const at::Tensor& a, const std::string& a_dtype, const at
            "do not make out[M, N] = A[M, K] . B[N, K]^T: A ", a.sizes(), ", B ", b.sizes(),
            ", out ", out.sizes());
 
-  cublaslt::MatmulArgs x;
+  raw_cublaslt::Gemm x;
   x.device = out.device().index();
-  x.stream = current_stream(x.device);
-  x.a = k_major(ob, CUBLAS_OP_T);  // cuBLAS A_c = our B, N x K after op T
-  x.b = k_major(oa, CUBLAS_OP_N);  // cuBLAS B_c = our A, K x M
-  x.d = out.data_ptr();
-  x.d_type = out.scalar_type() == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
-  x.m = n;
-  x.n = m;
+  x.a = k_major(oa);
+  x.b = k_major(ob);
   x.k = k;
-  x.ldd = n;
+  x.out = out.data_ptr();
+  x.out_type = out.scalar_type() == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
   x.fast_accumulation = fast_accumulation;
-  x.what = [] { return std::string("raw_cublaslt_gemm (benchmark floor)"); };
-  std::string why;
-  cublaslt::Outcome outcome;
-  {
+  const auto stream = static_cast<cudaStream_t>(current_stream(x.device));
+  try {
     py::gil_scoped_release no_gil;
-    outcome = cublaslt::matmul(x, &why);
+    raw_cublaslt::run(x, stream);
+  } catch (const raw_cublaslt::Unsupported& e) {
+    QR_THROW_CODE(QR_STATUS_UNSUPPORTED, "raw_cublaslt_gemm: cuBLASLt (",
+                  raw_cublaslt::library_description(), ") has no algorithm for ", a_dtype, " (",
+                  a_scale_mode, ") x ", b_dtype, " (", b_scale_mode, ") at ", m, "x", n, "x", k,
+                  ": ", e.what());
+  } catch (const std::runtime_error& e) {
+    QR_THROW_CODE(QR_STATUS_DEVICE_ERROR, "raw_cublaslt_gemm ", a_dtype, " (", a_scale_mode,
+                  ") x ", b_dtype, " (", b_scale_mode, ") at ", m, "x", n, "x", k, ": ", e.what());
   }
-  QR_CHECK_CODE(outcome == cublaslt::Outcome::done, QR_STATUS_UNSUPPORTED, "raw_cublaslt_gemm: "
-                "cuBLASLt (", cublaslt::library_description(), ") has no algorithm for ", a_dtype,
-                " (", a_scale_mode, ") x ", b_dtype, " (", b_scale_mode, ") at ", m, "x", n, "x",
-                k, ": ", why);
 }
 
 }  // namespace
@@ -161,7 +156,7 @@ void bind_raw_gemm(pybind11::module_& m, CurrentStreamFn current_stream) {
         pybind11::arg("a_scale_mode") = "tensor", pybind11::arg("b_scale") = std::nullopt,
         pybind11::arg("b_scale_mode") = "tensor", pybind11::arg("fast_accumulation") = false,
         "Benchmarks only: out[M, N] = A[M, K] . B[N, K]^T (both K-major) as one raw cuBLASLt "
-        "GEMM through the engine's cuBLASLt layer, on torch's current stream. dtypes 'e4m3', "
+        "GEMM (the benchmarks' helper, set up as the engine's), on torch's current stream. dtypes 'e4m3', "
         "'e5m2' (uint8 bytes, with an FP32 scale_inv tensor) or 'bf16'; scale modes 'tensor', "
         "'1x128', '128x128'.");
 #else

@@ -65,6 +65,12 @@ at::Tensor alias_tensor(const TensorView& view, std::shared_ptr<const void> owne
     sizes.back() = (sizes.back() + 1) / 2;  // packed two per byte
   const auto options =
       at::TensorOptions().dtype(storage_dtype(view.dtype())).device(torch_device(view.device()));
+  // An empty buffer (a direction of a tensor with no rows: an MoE expert that got no tokens)
+  // has no memory to alias, and from_blob on CUDA rejects its pointer: an empty tensor of the
+  // same shape on the same device is the same value.
+  std::int64_t elements = 1;
+  for (std::int64_t s : sizes) elements *= s;
+  if (elements == 0) return at::empty(sizes, options);
   return at::from_blob(
       view.data(), sizes, [keep = std::move(owner)](void*) mutable { keep.reset(); }, options);
 }

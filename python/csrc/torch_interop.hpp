@@ -1,4 +1,5 @@
-// Zero-copy bridges between torch tensors and the engine's types (DESIGN.md section 8).
+// Zero-copy bridges between torch tensors and the engine's types (docs/architecture.md, "The Python
+// package's layers").
 //
 //   to_view(tensor)        a qrecipe::TensorView over a torch tensor's memory (no copy)
 //   TorchAllocator         an Allocator whose bytes come from torch's allocator (the caching

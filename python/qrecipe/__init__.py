@@ -30,11 +30,14 @@ and the layers below it, never upwards, and there are no import cycles
     recomputation    replaying a qrecipe forward when torch.utils.checkpoint (reentrant or
                      not; Hugging Face's gradient checkpointing) recomputes it in backward
     checkpointing    checkpoint(): an alias of torch's non-reentrant checkpoint
+    telemetry        opt-in per-role numerics statistics of the quantized operands (amax,
+                     scales, saturation, flush to zero, error): enable() / table()
   nn/              modules Linear, LayerNormLinear (LayerNorm / RMSNorm + Linear), LayerNormMLP
                    (norm -> fc1 -> GELU / SwiGLU / ... -> fc2), GroupedLinear (MoE experts in
                    one grouped parameter), their base QuantizedModule, the GEMM operations
                    (linear_gemms) and their eager / compiled dispatch; imports the ground floor
-  optim/           (to come) optimizers over quantized and master weights
+  optim/           FusedAdam: Adam / AdamW with FP32 master weights; quantized parameters are
+                   requantized from their masters by their format's plugin
   distributed/     FSDP2: fully_shard with checks and amax groups (fsdp); tensor parallelism
                    to come
                    optim/ and distributed/ may import nn/ and the ground floor, never the
@@ -52,12 +55,14 @@ from .quantization import QuantizedTensor, Quantizer
 from .recipe import Recipe, RecipeWarning, quantize
 from .roles import QuantizerRole
 from . import formats
+from . import telemetry
 from . import nn
 from . import distributed
+from . import optim
 from .scaling_state import drop_scaling_states
 from .quantized_param import QuantizedWeight, quantized_model_init
 
-QuantizedParameter = QuantizedWeight  # the name DESIGN.md section 8 also uses
+QuantizedParameter = QuantizedWeight  # an alias (docs/adapter.md, "Quantized parameters")
 
 __version__ = "0.1.0"
 
@@ -80,6 +85,7 @@ __all__ = [
     "autocast", "current_recipe", "is_enabled",
     "convert", "quantize", "QuantizedTensor", "Quantizer", "nn", "plugins", "__version__",
     "grouped_kernels_built",
+    "telemetry",
     "drop_scaling_states", "QuantizedWeight", "QuantizedParameter", "quantized_model_init",
-    "distributed",
+    "distributed", "optim",
 ]

@@ -1,5 +1,5 @@
 """``qrecipe.autocast``: which recipe the qrecipe modules run under, and when delayed scaling
-advances (DESIGN.md section 8).
+advances (docs/adapter.md, "autocast").
 
     with qrecipe.autocast(recipe):      # recipe None: Recipe.default()
         loss = model(x).sum()

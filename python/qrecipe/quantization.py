@@ -5,9 +5,9 @@
 tensors that alias the engine's buffers (no copy), and ``dequantize`` decodes through the
 format's own plugin, the same code the GEMMs use.
 
-Directions (DESIGN.md section 3): **rowwise** blocks run along the last dimension (what fprop
-reads); **columnwise** blocks run along the first dimension, the data stored transposed when
-the format's GEMM needs it (what dgrad reads of the weight and wgrad of both operands).
+Directions (docs/architecture.md, "Core types"): **rowwise** blocks run along the last dimension
+(what fprop reads); **columnwise** blocks run along the first dimension, the data stored transposed
+when the format's GEMM needs it (what dgrad reads of the weight and wgrad of both operands).
 """
 from __future__ import annotations
 

@@ -36,7 +36,8 @@ What torch ops do with it (``__torch_dispatch__``), in three kinds:
      ``fsdp_post_all_gather`` hooks): the quantized bytes cross the wire (quantized_shards.py).
 2. They are refused with an error naming the op and the format and saying what to do:
    any in-place op other than ``copy_`` (``add_``, ``mul_``, the optimizers' ``_foreach_*_``:
-   quantized weights cannot be updated in place; keep FP32 master weights), ops that would
+   quantized weights cannot be updated in place; keep FP32 master weights:
+   ``qrecipe.optim.FusedAdam``), ops that would
    cut scale blocks, ``ones_like`` / ``full_like`` / random ``*_like``, other collectives.
 3. Every other op reads the weight's values: it runs on the dequantized tensor (rowwise
    decode, original dtype) and returns plain tensors: printing, comparisons, arithmetic,
@@ -287,6 +288,20 @@ class QuantizedWeight(torch.Tensor):
         the bytes itself must do the same (``qrecipe.quantized_param.requantize_``)."""
         return self._qstorage.is_shard and self._qstorage.tensor_level()
 
+    # ------------------------------------------------------------ initial value
+    def get_high_precision_init_val(self) -> Optional[torch.Tensor]:
+        """The high-precision value this parameter was quantized from, when it was created
+        under ``quantized_model_init(..., keep_init_values=True)`` and no optimizer has taken
+        it yet (a CPU tensor of the parameter's shape and dtype); otherwise None.
+        ``qrecipe.optim.FusedAdam`` starts its FP32 master from it (TransformerEngine's
+        ``preserve_high_precision_init_val``)."""
+        return getattr(self, "_high_precision_init_val", None)
+
+    def clear_high_precision_init_val(self) -> None:
+        """Drops the kept initial value (the optimizer calls it once its master holds it)."""
+        if hasattr(self, "_high_precision_init_val"):
+            del self._high_precision_init_val
+
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """The decoded tensor (rowwise data; the original dtype unless `dtype`), a plain tensor.
         Differentiable (straight-through) when the weight requires grad."""
@@ -432,6 +447,9 @@ class QuantizedWeight(torch.Tensor):
         copy = self._copy_view(requires_grad=self.requires_grad)
         if getattr(self, "_is_param", False):
             copy = torch.nn.Parameter(copy, requires_grad=self.requires_grad)
+        init = self.get_high_precision_init_val()
+        if init is not None:  # a copy made before the optimizer took it keeps it too
+            copy._high_precision_init_val = init.clone()
         memo[id(self)] = copy
         return copy
 
@@ -845,11 +863,11 @@ def _refuse_mutation(func, args, kwargs) -> None:
             raise RuntimeError(
                 f"{func} would modify a qrecipe QuantizedWeight in place, which is not "
                 "supported: the weight is stored quantized and an update applied to its "
-                "dequantized copy would be lost. Keep FP32 master weights and update those "
-                "(e.g. build the model without qrecipe.quantized_model_init, so qrecipe "
-                "quantizes the high-precision weights each step, or keep a high-precision copy "
-                "for the optimizer and `quantized_param.copy_(master)` after each step, which "
-                "re-quantizes). To change a weight's value, use copy_.")
+                "dequantized copy would be lost. Train it with qrecipe.optim.FusedAdam, which "
+                "keeps an FP32 master weight and requantizes the parameter from it each step "
+                "(or build the model without qrecipe.quantized_model_init, so qrecipe "
+                "quantizes the high-precision weights each step). To change a weight's value, "
+                "use copy_.")
 
 
 def requantize_(weights: Sequence["QuantizedWeight"], sources: Sequence[torch.Tensor]) -> None:
@@ -920,7 +938,8 @@ torch.serialization.add_safe_globals([_rebuild])
 # -------------------------------------------------------------------- quantized_model_init
 class _InitState(threading.local):
     def __init__(self) -> None:
-        self.stack: List[Optional[Any]] = []
+        # (recipe or None when disabled, keep_init_values) per enclosing block
+        self.stack: List[Tuple[Optional[Any], bool]] = []
 
 
 _init_state = _InitState()
@@ -928,32 +947,50 @@ _init_state = _InitState()
 
 def current_init_recipe():
     """The recipe of the innermost enabled quantized_model_init block, or None."""
-    return _init_state.stack[-1] if _init_state.stack else None
+    return _init_state.stack[-1][0] if _init_state.stack else None
+
+
+def current_init_keeps_values() -> bool:
+    """Whether the innermost quantized_model_init block keeps the initial values."""
+    return _init_state.stack[-1][1] if _init_state.stack else False
 
 
 @contextlib.contextmanager
-def quantized_model_init(recipe: RecipeLike = None, enabled: bool = True):
+def quantized_model_init(recipe: RecipeLike = None, enabled: bool = True,
+                         keep_init_values: bool = False):
     """Parameters of the qrecipe modules created inside are quantized at creation: each GEMM
     weight becomes a :class:`QuantizedWeight` (both directions) quantized by the quantizer
     `recipe` gives its role (module type, ``weight``, the name passed to the constructor);
     GroupedLinear's single grouped parameter becomes a grouped QuantizedWeight, each expert's
-    rows quantized on their own. Biases and norm parameters stay high precision. Nestable; ``enabled=False`` turns it off.
+    rows quantized on their own. Biases and norm parameters stay high precision. Nestable;
+    ``enabled=False`` turns it off.
 
-    Training such a model needs FP32 master weights (see QuantizedWeight): an optimizer
+    ``keep_init_values=True`` (TransformerEngine's ``preserve_high_precision_init_val``) also
+    keeps each weight's high-precision initial value, on the CPU, on the parameter
+    (``get_high_precision_init_val()``) until an optimizer takes it:
+    ``qrecipe.optim.FusedAdam`` starts its FP32 master from that exact value and then frees it.
+    Without it the master starts from the dequantized weight.
+
+    Training such a model needs FP32 master weights (``qrecipe.optim.FusedAdam``): an optimizer
     updating the quantized parameters in place raises an error saying so."""
-    _init_state.stack.append(as_recipe(recipe) if enabled else None)
+    if not isinstance(keep_init_values, bool):
+        raise TypeError(f"quantized_model_init: keep_init_values must be a bool, got "
+                        f"{keep_init_values!r}")
+    _init_state.stack.append((as_recipe(recipe) if enabled else None, keep_init_values))
     try:
         yield
     finally:
         _init_state.stack.pop()
 
 
-def quantize_module_parameters(module: torch.nn.Module, recipe) -> None:
+def quantize_module_parameters(module: torch.nn.Module, recipe,
+                               keep_init_values: bool = False) -> None:
     """Replaces the module's GEMM weights (``module._quantized_weight_roles()``) by
     QuantizedWeight parameters quantized under `recipe`, each in the row groups
     ``module._quantized_weight_groups(name)`` says. A weight on the meta device becomes a
     QuantizedWeight on the meta device (structure only; ``to_empty`` + ``reset_parameters``
-    quantize its values later: meta-device init, FSDP2's included)."""
+    quantize its values later: meta-device init, FSDP2's included). With `keep_init_values` each keeps a CPU copy of
+    the value it was quantized from (not a meta one: it has no value)."""
     for param_name, role in module._quantized_weight_roles().items():
         param = getattr(module, param_name)
         if param is None or isinstance(param, QuantizedWeight):
@@ -963,7 +1000,12 @@ def quantize_module_parameters(module: torch.nn.Module, recipe) -> None:
             continue  # the recipe keeps this weight in high precision
         weight = QuantizedWeight.from_tensor(param, quantizer, requires_grad=param.requires_grad,
                                              groups=module._quantized_weight_groups(param_name))
-        setattr(module, param_name, torch.nn.Parameter(weight, requires_grad=param.requires_grad))
+        new_param = torch.nn.Parameter(weight, requires_grad=param.requires_grad)
+        # On the parameter object itself (a detached alias does not carry it); a meta weight
+        # has no value to keep.
+        if keep_init_values and not param.is_meta:
+            new_param._high_precision_init_val = param.detach().to("cpu", copy=True)
+        setattr(module, param_name, new_param)
 
 
 class QuantizedInitMixin:
@@ -991,7 +1033,7 @@ class QuantizedInitMixin:
             if depth == 0:
                 recipe = current_init_recipe()
                 if recipe is not None:
-                    quantize_module_parameters(self, recipe)
+                    quantize_module_parameters(self, recipe, current_init_keeps_values())
 
         cls.__init__ = functools.wraps(init)(__init__)  # keeps the signature for help()
 

@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import torch
 
 from . import factories as _factories
+from . import telemetry as _telemetry
 from ._engine import _C
 from .quantization import QuantizedTensor, Quantizer, Usage, check_source
 from .roles import TENSOR_TYPES, model_gemms, resolving
@@ -105,6 +106,10 @@ class Recipe:
         # default process group when torch.distributed runs with several ranks), a process
         # group, or None (each process on its own). See amax_reduction_group.
         self._amax_group: Any = "world"
+        # The `telemetry:` key (telemetry.py): None, or what to gather under this recipe.
+        self.telemetry: Optional[_telemetry.Settings] = \
+            _telemetry.settings_of_recipe(cpp.telemetry())
+        _telemetry.note_recipe(self, self.telemetry)
 
     # ---------------------------------------------------------------- construction
     @classmethod
@@ -124,14 +129,23 @@ class Recipe:
         ``{"version": 1, "name": "fp8", "defaults": {"format": "float8"}}``.
 
         The dictionary is written out as indented JSON (which is YAML) and parsed by the
-        engine, so errors are exactly the file errors, located in that text."""
+        engine, so errors are exactly the file errors, located in that text. Any Unicode
+        text is taken: characters outside the BMP are written as themselves (JSON's
+        surrogate-pair escapes are not YAML), control characters as JSON escapes."""
         if not isinstance(recipe, dict):
             raise TypeError(f"Recipe.from_dict takes a dict, got {type(recipe).__name__}")
         try:
-            text = json.dumps(recipe, indent=2)
+            text = json.dumps(recipe, indent=2, ensure_ascii=False)
         except TypeError as error:
             raise TypeError(f"Recipe.from_dict: the dictionary holds a value that is not a "
                             f"string, number, bool, list or dict ({error})") from None
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            bad = text[error.start:error.end].encode("unicode_escape").decode("ascii")
+            raise ValueError(f"Recipe.from_dict: the dictionary holds text that is not valid "
+                             f"Unicode (a lone surrogate {bad}, e.g. from a badly decoded "
+                             f"file name); fix the string") from None
         return cls.from_yaml(text, source_name, validate=validate)
 
     @classmethod
@@ -332,6 +346,18 @@ class Recipe:
     def run_pending_updates() -> None:
         """The scaling update of every recipe marked on this thread, each once (what an
         outermost ``autocast`` entry runs)."""
+        if not Recipe._pending.recipes:
+            return
+        # An update launches work and reads through the host, which a CUDA graph capture can
+        # neither hold nor replay: refuse before anything runs, with the updates still due.
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "qrecipe.autocast: entered during CUDA graph capture (torch.cuda.graph, "
+                "torch.cuda.make_graphed_callables or torch.compile's mode='reduce-overhead') "
+                "with a delayed-scaling update due; qrecipe cannot be captured yet: its "
+                "scaling updates and amaxes go through the host, which a replayed graph would "
+                "not redo. Run the qrecipe modules eagerly: capture only the parts of the "
+                "model outside them. The update stays due for the next eager autocast block")
         pending = list(Recipe._pending.recipes.values())
         Recipe._pending.recipes.clear()
         for recipe in pending:
@@ -358,7 +384,11 @@ class Recipe:
         if not isinstance(state, dict) or "scaling_states" not in state:
             raise ValueError("Recipe.load_state_dict takes the dict Recipe.state_dict() "
                              "returned (with a 'scaling_states' list)")
-        states = [state_from_checkpoint(s) for s in state["scaling_states"]]
+        if not isinstance(state["scaling_states"], list):
+            raise ValueError(f"Recipe.load_state_dict: scaling_states has type "
+                             f"{type(state['scaling_states']).__name__}; expected a list")
+        states = [state_from_checkpoint(s, f"scaling_states[{i}]")
+                  for i, s in enumerate(state["scaling_states"])]
         for s in states:
             self.engine.resolve(*_C.role_of_owner(s["owner"]))
         try:

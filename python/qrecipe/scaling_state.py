@@ -51,14 +51,62 @@ def state_to_checkpoint(state: dict) -> dict:
     }
 
 
-def state_from_checkpoint(state: dict) -> dict:
-    """A checkpointed state in the form ``Engine.load_scaling_states`` takes."""
+def _is_number(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0 and not value.dtype.is_complex and value.dtype != torch.bool
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def state_from_checkpoint(state: Any, where: str = "scaling state") -> dict:
+    """A checkpointed state in the form ``Engine.load_scaling_states`` takes. A state that is
+    not one (an entry missing, a value of another type) is a ValueError naming ``where`` and
+    the key; the engine checks the values themselves (a finite scale > 0, scale_inv its
+    float reciprocal, no NaN or negative amax: Engine::check_scaling_values)."""
+    if not isinstance(state, dict):
+        raise ValueError(f"{where} has type {type(state).__name__}; expected a dict with "
+                         f"owner, amax_history, scale and scale_inv")
+    for key in ("owner", "amax_history", "scale", "scale_inv"):
+        if key not in state:
+            raise ValueError(f"{where}: no '{key}' entry; a scaling state has owner, "
+                             f"amax_history, scale and scale_inv (the checkpoint is corrupt)")
+    if not isinstance(state["owner"], str):
+        raise ValueError(f"{where}.owner has type {type(state['owner']).__name__}; expected a "
+                         f"str such as 'linear:input@fc float8'")
     history = state["amax_history"]
     if isinstance(history, torch.Tensor):
-        history = history.detach().to("cpu", torch.float32).reshape(-1).tolist()
+        if history.dim() != 1 or not history.is_floating_point():
+            raise ValueError(f"{where}.amax_history is a {history.dim()}-D {history.dtype} "
+                             f"tensor; expected a 1-D float tensor")
+        history = history.detach().to("cpu", torch.float32).tolist()
+    elif isinstance(history, (list, tuple)) and all(_is_number(v) for v in history):
+        history = [float(v) for v in history]
+    else:
+        raise ValueError(f"{where}.amax_history has type {type(history).__name__}; expected a "
+                         f"1-D float tensor or a list of numbers")
+    for key in ("scale", "scale_inv", "index"):
+        if key in state and not _is_number(state[key]):
+            raise ValueError(f"{where}.{key} has type {type(state[key]).__name__}; expected a "
+                             f"number")
     return {"owner": state["owner"], "index": int(state.get("index", 0)),
-            "amax_history": list(history), "scale": float(state["scale"]),
+            "amax_history": history, "scale": float(state["scale"]),
             "scale_inv": float(state["scale_inv"])}
+
+
+def check_extra_state_entries(entries: Any, where: str) -> None:
+    """ValueError naming the key unless ``entries`` (of a module's extra state) has the
+    structure the modules write: a list of dicts whose 'scaling_states' is a list of states."""
+    if not isinstance(entries, list):
+        raise ValueError(f"{where}: entries has type {type(entries).__name__}; expected a list")
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: entries[{i}] has type {type(entry).__name__}; expected "
+                             f"a dict")
+        states = entry.get("scaling_states", [])
+        if not isinstance(states, list):
+            raise ValueError(f"{where}: entries[{i}].scaling_states has type "
+                             f"{type(states).__name__}; expected a list")
+        for j, state in enumerate(states):
+            state_from_checkpoint(state, f"{where}: entries[{i}].scaling_states[{j}]")
 
 
 def is_scaling_extra_state(value: Any) -> bool:

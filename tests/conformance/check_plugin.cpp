@@ -159,7 +159,8 @@ void check_devices(const Suite& suite, const Registry& registry) {
   CHECK_MESSAGE(!plugin.version().empty(), "the plugin descriptor has no version");
   CHECK_MESSAGE(plugin.supports(Device::cpu()),
                 "plugin " << plugin.path() << " does not declare the CPU; every plugin carries "
-                          << "its CPU reference (DESIGN.md section 4), which this suite tests");
+                          << "its CPU reference (docs/plugins.md, \"The conformance suite\"), "
+                          << "which this suite tests");
   if (!plugin.supports(Device::cuda()))
     not_supported(suite.format + ": CUDA tensors (plugin " + plugin.path() +
                   " was built without CUDA; devices: " + plugin.devices_str() + ")");

@@ -1,4 +1,5 @@
-// The shared plugin conformance suite (DESIGN.md section 9, STYLE.md rule 8).
+// The shared plugin conformance suite (docs/plugins.md, "The conformance suite";
+// docs/architecture.md, "Conventions", rule 8).
 //
 // Every format plugin's doctest binary runs this suite against its own quantizers, and the
 // installed `qrecipe-conformance` runner runs it against any plugin the registry finds. The

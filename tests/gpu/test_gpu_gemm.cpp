@@ -1,4 +1,4 @@
-// GPU GEMM == CPU reference GEMM on the same quantized operands (DESIGN.md section 6).
+// GPU GEMM == CPU reference GEMM on the same quantized operands (docs/gemm.md).
 //
 // For every operand pair, shape and GEMM kind below: quantize two random sources on the CPU,
 // upload the quantized bytes unchanged (so both sides multiply exactly the same operands;

@@ -1,7 +1,8 @@
-// GPU == CPU, bit for bit (DESIGN.md section 9): for every format whose plugin supports CUDA
-// and every option set listed below, quantize the same inputs with the CPU reference and with
-// the CUDA kernels, copy every GPU buffer back and require byte equality; the same for
-// dequantize (f32 and bf16 outputs) and for the delayed-scaling state after each update.
+// GPU == CPU, bit for bit (docs/architecture.md, "How CUDA and the CPU agree"): for every format
+// whose plugin supports CUDA and every option set listed below, quantize the same inputs with the
+// CPU reference and with the CUDA kernels, copy every GPU buffer back and require byte equality;
+// the same for dequantize (f32 and bf16 outputs) and for the delayed-scaling state after each
+// update.
 //
 // Map
 //   1. what is covered: option sets per format, shapes, input kinds, usages
@@ -20,6 +21,7 @@
 // failure if that default spec is not valid (so a new CUDA format cannot go untested).
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cfloat>
 #include <chrono>
 #include <cmath>
@@ -49,6 +51,7 @@ using qrecipe::Device;
 using qrecipe::DType;
 using qrecipe::Engine;
 using qrecipe::QuantizedTensor;
+using qrecipe::QuantizeOptions;
 using qrecipe::Quantizer;
 using qrecipe::QuantizerRole;
 using qrecipe::Recipe;
@@ -93,9 +96,25 @@ const OptionSet kOptionSets[] = {
     // 128x128 and no pow2 it also covers that pair.
     {"blockwise", "128x128_amax_epsilon",
      "{format: blockwise, block: 128x128, pow2_scales: false, amax_epsilon: 100}"},
+    // Both float8: the columnwise side's cast + transpose also writes the rowwise e4m3 cast
+    // (one read after the rowwise side's amax pass) for bf16 / f16 sources.
     {"hybrid", "float8_e4m3_rows_e5m2_cols",
      "{format: hybrid, rowwise: {format: float8, dtype: e4m3}, "
      "columnwise: {format: float8, dtype: e5m2, pow2_scales: true}}"},
+    // The shipped hybrid pairs of recipes/hybrid_*.yaml with columnwise_source: input. Both
+    // directions of a bf16 source take the one-read path (float8's prepare_tensor_cast, the
+    // other side's quantize_with_tensor_cast); f32 sources and single directions the two calls.
+    {"hybrid", "float8_rows_mxfp8_cols",  // hybrid_fp8_mx inputs and gradients, hybrid_seed weights
+     "{format: hybrid, rowwise: {format: float8, scaling: current}, columnwise: {format: mxfp8}}"},
+    {"hybrid", "float8_rows_nvfp4_cols",  // hybrid_seed inputs
+     "{format: hybrid, rowwise: {format: float8, scaling: current, dtype: e4m3}, "
+     "columnwise: {format: nvfp4}}"},
+    {"hybrid", "mxfp8_e5m2_rows_nvfp4_cols",  // hybrid_seed gradients (two calls: no tensor cast)
+     "{format: hybrid, rowwise: {format: mxfp8, dtype: e5m2}, columnwise: {format: nvfp4}}"},
+    // The cast's scale rule with pow2 and epsilon, into e5m2 codes.
+    {"hybrid", "float8_e5m2_pow2_eps_rows_mxfp8_cols",
+     "{format: hybrid, rowwise: {format: float8, dtype: e5m2, pow2_scales: true, "
+     "amax_epsilon: 100}, columnwise: {format: mxfp8, dtype: e5m2}}"},
     // columnwise_source: rowwise_dequantized: the columnwise side is quantized on the device
     // from the device decode of the rowwise side (FP32 scratch), as the CPU path does.
     {"hybrid", "float8_rows_mxfp8_cols_dequantized",  // recipes/hybrid_fp8_mx.yaml's weights
@@ -580,7 +599,7 @@ TEST_CASE("delayed-scaling state on a CUDA device: engine update == CPU update")
   REQUIRE(gpu.device.type == QR_DEVICE_CUDA);
   float scale = 0.0f;
   qrecipe::copy_to_host(&scale, gpu.scale, 4);
-  CHECK(scale == 1.0f);  // DESIGN: a new state has scale 1
+  CHECK(scale == 1.0f);  // docs/numerics.md: a new state has scale 1
   for (const float amax : {2.0f, 0.5f, 7.0f, 0.0f, 3.0f}) {
     // The step's amax goes into history row 0 of both states.
     cpu.amax_history[0] = amax;
@@ -692,6 +711,52 @@ TEST_CASE("delayed-scaling state moved cpu -> cuda:0 -> cpu keeps its values") {
   float other = 0.0f;
   CHECK_THROWS_WITH_AS(engine.move_scaling_state(&other, {QR_DEVICE_CUDA, 0}),
                        doctest::Contains("no scaling state of this engine"), qrecipe::Error);
+}
+
+TEST_CASE("hybrid one-read path with caller amaxes equals the CPU reference") {
+  if (!qrecipe::cuda_available()) {
+    MESSAGE("not supported: " << qrecipe::cuda_status());
+    return;
+  }
+  // The fused pairs (float8's prepare_tensor_cast + the other side's quantize_with_tensor_cast)
+  // take caller-reduced amaxes too: the cast's scale from the given rowwise amax, the other
+  // side's own amax from the given columnwise one (no source_amax then). The amaxes are not
+  // the source's, and differ between the sides.
+  const Target target{Device::cuda(0), qrecipe::cuda_allocator()};
+  const char* const pairs[] = {
+      "{format: hybrid, rowwise: {format: float8, scaling: current}, columnwise: {format: mxfp8}}",
+      "{format: hybrid, rowwise: {format: float8, dtype: e5m2, pow2_scales: true}, "
+      "columnwise: {format: nvfp4}}",
+      "{format: hybrid, rowwise: {format: float8, dtype: e4m3}, "
+      "columnwise: {format: float8, dtype: e5m2, pow2_scales: true}}",
+  };
+  Tally tally;
+  for (const char* yaml : pairs) {
+    for (const Shape shape : {Shape{256, 1024}, Shape{144, 99}, Shape{1000, 999}}) {
+      Sides sides = make_sides(yaml);
+      const Tensor host = host_source(make_values(shape, Kind::outliers), shape, DType::bf16);
+      const Tensor dev = to_target(host, target);
+      QuantizeOptions opts;
+      opts.amax = std::array<float, 2>{3000.0f, 77.5f};
+      const std::string what = std::string(yaml) + " | " + std::to_string(shape.rows) + "x" +
+                               std::to_string(shape.cols) + " | given amax";
+      const QuantizedTensor ref = sides.cpu->quantize(host.view(), QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE, opts);
+      const QuantizedTensor got = sides.gpu->quantize(dev.view(), QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE, opts, target.allocator);
+      for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+        const std::string dir = what + " | " + qrecipe::direction_name(d);
+        expect_equal(tally, dir + " data", host_bytes(ref.data(d)), host_bytes(got.data(d)),
+                     ref.data(d));
+        expect_equal(tally, dir + " scale_inv", host_bytes(ref.scale_inv(d)),
+                     host_bytes(got.scale_inv(d)), ref.scale_inv(d));
+        if (ref.has_amax(d)) {
+          const TensorView ra(ref.direction(d).amax), ga(got.direction(d).amax);
+          expect_equal(tally, dir + " amax", host_bytes(ra), host_bytes(ga), ra);
+        }
+      }
+    }
+  }
+  MESSAGE(tally.buffers << " buffers compared, " << tally.failures << " failures");
+  CHECK(tally.failures == 0);
 }
 
 TEST_CASE("GPU quantize and dequantize are bit-identical to the CPU reference") {

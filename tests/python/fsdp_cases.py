@@ -11,9 +11,11 @@ all-gathered), so the ranks stay in step and no collective waits forever.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import math
 import os
+import signal
 import sys
 import traceback
 
@@ -540,6 +542,9 @@ def main() -> int:
     parser.add_argument("--checkpoint", default=None)
     args = parser.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # The launcher sends SIGUSR1 before it kills a launch that ran past its time: every rank
+    # then writes where it is into its log, so a hang is reported with its stacks.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     if args.backend == "nccl":
         DEVICE = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
         torch.cuda.set_device(DEVICE)

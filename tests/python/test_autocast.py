@@ -1,5 +1,5 @@
 """qrecipe.autocast: nesting, enabled=False, default recipe, and the once-per-step
-delayed-scaling update (DESIGN.md section 8)."""
+delayed-scaling update (docs/adapter.md, "autocast")."""
 import pytest
 import torch
 import torch.nn.functional as F

@@ -19,9 +19,10 @@ and this file reports each case as a test:
 import json
 import os
 import pathlib
-import socket
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -40,20 +41,21 @@ pytestmark = pytest.mark.skipif(
     not __import__("torch").distributed.is_available(), reason="torch without distributed")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(world: int, out: pathlib.Path, cases, checkpoint=None) -> dict:
-    """Runs fsdp_cases.py in `world` processes (torchrun's environment); {case: result}."""
+    """Runs fsdp_cases.py in `world` processes (torchrun's environment); {case: result}.
+
+    The rendezvous store is this process's, bound to a port the kernel picks and held for
+    the whole launch (as torchrun's agent does: TORCHELASTIC_USE_AGENT_STORE): a port that
+    was only probed free could be taken by a concurrent launch before rank 0 binds it, and
+    the ranks would then wait on someone else's store."""
+    import torch.distributed as dist
     out.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
+                   TORCHELASTIC_USE_AGENT_STORE="True", OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join(sys.path))
         command = [sys.executable, str(HERE / "fsdp_cases.py"), "--out", str(out),
                    "--backend", BACKEND, "--cases", ",".join(cases)]
@@ -63,15 +65,27 @@ def launch(world: int, out: pathlib.Path, cases, checkpoint=None) -> dict:
         procs.append((subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT),
                       log))
     try:
+        deadline = time.monotonic() + TIMEOUT_S
         for proc, _ in procs:
-            proc.wait(timeout=TIMEOUT_S)
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
+        for proc, _ in procs:  # each rank writes its stacks into its log (fsdp_cases.py)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGUSR1)
+        time.sleep(3)
         for proc, _ in procs:
             proc.kill()
-        pytest.fail(f"world size {world}: the launch ran past {TIMEOUT_S} s; logs in {out}")
+            proc.wait()
+        for _, log in procs:
+            log.close()
+        logs = "\n".join(f"--- rank {r}:\n" + (out / f"rank{r}.log").read_text()[-4000:]
+                         for r in range(world))
+        pytest.fail(f"world size {world}: the launch ran past {TIMEOUT_S} s; logs in {out}:\n"
+                    f"{logs}")
     finally:
         for _, log in procs:
             log.close()
+        del store
     results = out / "results.json"
     if not results.exists():
         logs = "\n".join((out / f"rank{r}.log").read_text()[-3000:] for r in range(world))

@@ -211,3 +211,21 @@ def test_gemm_bias_in_bf16_gives_the_numbers_of_its_fp32_copy(device):
                                    atol=1e-3)
     with pytest.raises(qrecipe.QrecipeError, match="torch.float32 or torch.bfloat16"):
         _C.gemm(qx, "rowwise", qw, "rowwise", outs[torch.float32], bias=bias.half())
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("recipe_name", ["default", "mxfp8", "blockwise"])
+def test_input_with_no_rows_trains(device, recipe_name):
+    """An MoE expert that got no tokens: a [0, in] input gives a [0, out] output, an empty
+    input gradient and a zero weight gradient (on CUDA the saved empty operands once failed
+    to become tensors: from_blob rejects the pointer of an empty buffer)."""
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    layer = qrecipe.nn.Linear(64, 32, name="fc", device=device, dtype=dtype)
+    x = torch.zeros(0, 64, device=device, dtype=dtype, requires_grad=True)
+    with qrecipe.autocast(qrecipe.Recipe.builtin(recipe_name)):
+        y = layer(x)
+    assert y.shape == (0, 32)
+    y.sum().backward()
+    assert x.grad.shape == (0, 64)
+    assert torch.count_nonzero(layer.weight.grad) == 0

@@ -29,7 +29,7 @@ GROUND_FLOOR = {"qrecipe._engine", "qrecipe.quantization", "qrecipe.scaling_stat
                 "qrecipe.roles", "qrecipe.formats", "qrecipe.factories",
                 "qrecipe.recipe", "qrecipe.autocasting", "qrecipe.quantized_param",
                 "qrecipe.quantized_rows", "qrecipe.quantized_shards", "qrecipe.quantized_storage",
-                "qrecipe.checkpointing", "qrecipe.recomputation"}
+                "qrecipe.checkpointing", "qrecipe.recomputation", "qrecipe.telemetry"}
 TOP = {"qrecipe", "qrecipe.convert", "qrecipe.parallel"}
 SUBPACKAGES = ("nn", "optim", "distributed")
 EXTENSIONS = {"qrecipe._C"}  # compiled, imports nothing of the package

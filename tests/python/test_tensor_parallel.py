@@ -141,8 +141,13 @@ def _check_recipe(name, layout, rank, mesh):
                 problems.append(f"{layout}/{name} rank {rank}: {n} grad differs by {err}, "
                                 f"two one-process SR draws by {spread}")
         return problems
+    # Recipe "none" runs torch's own GEMM, whose reduction order may depend on the output's
+    # shape (a rank computes half the rows of gate/up's weight gradient): the BLAS of the
+    # CUDA torch wheel gave 1e-5 differences there on the GPU machine. Bit-identity is a
+    # claim about qrecipe's GEMMs, so "none" is held to FP32 rounding like the sums.
+    bit_exact = recipe.quantizer("linear", "weight", "gate") is not None
     for n, p in ref.named_parameters():
-        if n.endswith("weight") and not n.startswith("norm"):
+        if bit_exact and n.endswith("weight") and not n.startswith("norm"):
             if not torch.equal(grads[n], p.grad):
                 diff = (grads[n].float() - p.grad.float()).abs().max().item()
                 problems.append(f"{layout}/{name} rank {rank}: {n} grad not bit-identical "

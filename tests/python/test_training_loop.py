@@ -1,4 +1,4 @@
-"""Training-loop behaviour (DESIGN.md section 8): the quantized weight kept across the
+"""Training-loop behaviour (docs/adapter.md, "Training loop"): the quantized weight kept across the
 micro-batches of a step (``is_first_microbatch``) and FP32 ``main_grad`` accumulation."""
 import contextlib
 

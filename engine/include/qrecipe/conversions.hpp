@@ -1,13 +1,13 @@
 // Exact scalar conversions between FP32 and the narrow formats, written once for the host
 // (every CPU reference) and the device (every kernel), so both produce the same bytes.
 //
-// Rules (DESIGN.md section 7):
+// Rules (docs/numerics.md, "General rules"):
 //   - round to nearest even; the sign of zero is kept
 //   - FP8 (E4M3, E5M2) and FP4 (E2M1) saturate: |x| beyond the largest finite value, and
 //     +-inf, become +-max (E4M3 448, E5M2 57344, E2M1 6), like PTX `cvt.rn.satfinite`
 //   - NaN becomes the canonical NaN 0x7F for E4M3 and E5M2 (what `cvt.rn.satfinite` gives,
 //     sign dropped); E2M1 has no NaN: NaN encodes as +6 (0x7) and formats that can meet one
-//     carry it in their block scale instead (NVFP4)
+//     carry it in their block scale instead (an E4M3 NaN block scale)
 //   - BF16 and F16 follow IEEE: overflow rounds to inf, NaN stays a quiet NaN with its sign
 //   - E8M0 is a biased power of two 2^(e-127), 0xFF = NaN; `e8m0_from_f32_round_up` is the
 //     MX "round the scale up to a power of two" rule

@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "qrecipe/checked.hpp"
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 
@@ -65,11 +66,13 @@ inline DType dtype_from_name(std::string_view name) {
   QR_THROW("unknown dtype '", name, "'; expected one of: ", known);
 }
 
-// Bytes of `rows` rows of `cols` elements; E2M1 rows are packed to whole bytes.
+// Bytes of `rows` rows of `cols` elements; E2M1 rows are packed to whole bytes. Throws
+// qrecipe::Error when the count does not fit in 64 bits (checked.hpp).
 inline std::int64_t storage_bytes(DType t, std::int64_t rows, std::int64_t cols) {
   const int bits = dtype_bits(t);
-  if (bits == 4) return rows * ((cols + 1) / 2);
-  return rows * cols * (bits / 8);
+  if (bits == 4) return checked_mul(rows, ceil_div(cols, 2, "e2m1 row bytes"), "e2m1 bytes");
+  return checked_mul(checked_mul(rows, cols, "elements (rows x cols)"), bits / 8,
+                     "bytes of the elements");
 }
 
 }  // namespace qrecipe

@@ -1,9 +1,13 @@
 // Engine: a validated recipe plus the loaded plugins; resolves roles to quantizers (cached
-// per role) and owns the shared delayed-scaling state (DESIGN.md sections 2 and 3).
+// per role) and owns the shared delayed-scaling state (docs/architecture.md, "Data flow", "Where
+// the scaling state lives").
 //
 // Lifetime: quantizers returned by resolve() reference the engine's scaling state; keep the
-// Engine alive while they are used. Thread safety: resolve() and make_quantizer() lock;
-// update_scaling() must not run concurrently with quantize calls that use the state.
+// Engine alive while they are used. Thread safety: resolve() and make_quantizer() may be called
+// from any threads (resolve makes one quantizer per role however many threads ask); quantize
+// calls on one quantizer may run concurrently (a delayed-scaling quantizer max-accumulates its
+// step amax atomically on the CPU); update_scaling() and set_scaling_values() must not run
+// concurrently with quantize calls that use the states (tests/test_threads.cpp).
 #pragma once
 
 #include <cstdint>
@@ -148,7 +152,8 @@ class Engine {
 
   // Delayed scaling: the step's amax of every state (history row 0), in creation order, for the
   // caller to max-reduce across ranks; then update_scaling(reduced) applies the update of
-  // DESIGN.md section 7 to every state. update_scaling() with no argument uses row 0 as is.
+  // docs/numerics.md (delayed scaling) to every state. update_scaling() with no argument uses row 0
+  // as is.
   // CUDA states are updated on their device, one kernel launch per device, asynchronously on
   // the stream `stream_for(device)` returns (cudaStream_t; an empty function or nullptr: the
   // legacy default stream): without reduced amaxes the step's amax is read on the device, so
@@ -174,6 +179,13 @@ class Engine {
   };
   ScalingValues scaling_values(std::size_t index) const;
   void set_scaling_values(std::size_t index, const ScalingValues& values);
+  // Throws (naming the state's owner and the key) unless `values` could be state `index`'s:
+  // the history length matches; the scale is finite and > 0; scale_inv is exactly
+  // 1.0f / scale (the IEEE float division the update computes); every amax is >= 0 and not
+  // NaN (+inf is kept: an input holding inf records it, and it freezes the scale for the
+  // history's length). set_scaling_values checks this first; a loader of several states
+  // checks them all before writing any.
+  void check_scaling_values(std::size_t index, const ScalingValues& values) const;
 
   // Called through the host table (host_api.cpp) for the quantizer this thread is creating
   // (make_quantizer), with its owner and its spec's `share` name. A state with a
@@ -216,6 +228,12 @@ class Engine {
   std::shared_ptr<Allocator> allocator_;
   FactoryResolver factory_resolver_;
   std::mutex mutex_;
+  // Serializes resolve()'s creations: two threads resolving one role must not both create a
+  // quantizer (the loser's scaling state would stay behind as an orphan with the same owner).
+  // Not mutex_: creating a quantizer takes mutex_ (scaling states) and may nest creations (a
+  // format built from others makes its sub-quantizers through the host table, through make_quantizer). Recursive: a factory
+  // rule's resolver may resolve another role on the same thread.
+  std::recursive_mutex resolve_mutex_;
   std::unordered_map<QuantizerRole, std::shared_ptr<Quantizer>> cache_;
   std::unordered_map<QuantizerRole, std::string> origins_;
   std::vector<std::unique_ptr<ScalingState>> states_;

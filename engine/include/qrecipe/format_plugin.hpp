@@ -57,6 +57,18 @@ class FormatPlugin {
   qr_quantize_grouped_device_fn quantize_grouped_device_extra() const {
     return quantize_grouped_device_;
   }
+  // The fused Adam + requantize extras (plugin_abi.h, QR_EXTRA_ADAM_REQUANTIZE and its
+  // _SUPPORTS query), looked up once at load; both nullptr unless the plugin has both (the
+  // optimizer step then updates and quantizes in two passes: qrecipe/optim.hpp).
+  qr_adam_requantize_fn adam_requantize_extra() const { return adam_requantize_; }
+  qr_adam_requantize_supports_fn adam_requantize_supports_extra() const {
+    return adam_requantize_supports_;
+  }
+  // The descriptor's tensor_scale_numerator (plugin_abi.h): how the per-tensor decode factor
+  // of this format's QR_SCALE_BLOCK_TENSOR directions follows from their amax
+  // (tensor_decode_factor in scaling.hpp). 0: the format gives none (also for a plugin whose
+  // descriptor predates the field), and such directions are decoded only by the plugin.
+  float tensor_scale_numerator() const { return tensor_scale_numerator_; }
 
  private:
   std::string path_, name_, version_, description_, cuda_archs_;
@@ -67,6 +79,9 @@ class FormatPlugin {
   qr_quantize_grouped_fn quantize_grouped_ = nullptr;
   qr_grouped_device_sizes_fn grouped_device_sizes_ = nullptr;
   qr_quantize_grouped_device_fn quantize_grouped_device_ = nullptr;
+  qr_adam_requantize_fn adam_requantize_ = nullptr;
+  qr_adam_requantize_supports_fn adam_requantize_supports_ = nullptr;
+  float tensor_scale_numerator_ = 0.0f;
 };
 
 }  // namespace qrecipe

@@ -1,4 +1,4 @@
-// Quantized GEMMs and the pairing table that says which run natively (DESIGN.md section 6).
+// Quantized GEMMs and the pairing table that says which run natively (docs/gemm.md).
 //
 // One general product covers the three GEMMs of a linear layer y = x W^T:
 //   out[i, j] = alpha * sum_r opA(i, r) * opB(j, r)  (+ beta * out)  (+ bias[j])
@@ -11,14 +11,16 @@
 // decodes it) or a high-precision F32/BF16 tensor with the same meaning of direction.
 //
 // Execution: on the CPU every GEMM is the reference path (both operands decoded to FP32, FP32
-// accumulation, blocked and multi-threaded, deterministic). On CUDA (engine/src/gemm/cuda/gemm_cuda.cpp),
-// pairs the table marks native go to cuBLASLt (loaded lazily, see engine/src/gemm/cuda/cublaslt.hpp) and
-// all others are emulated on the GPU: each operand decoded to BF16 by the engine's own
-// layout-driven decoders, the per-tensor factors (FP8 scale_inv, NVFP4's tensor factor) moved
-// into a device-side alpha, then one BF16 cuBLASLt GEMM with FP32 accumulation (DESIGN.md
-// section 6). For MXFP8 and blockwise operands the decoders check on the device that BF16 held
-// every value; where one did not, a device kernel recomputes the output exactly (FP32-decoded
-// operands, FP32 accumulation) with no host wait. Dense FP32 operands and layouts without an
+// accumulation, blocked and multi-threaded, deterministic). On CUDA
+// (engine/src/gemm/cuda/gemm_cuda.cpp), pairs the table marks native go to cuBLASLt (loaded
+// lazily, see engine/src/gemm/cuda/cublaslt.hpp) and all others are emulated on the GPU: each
+// operand decoded to BF16 by the engine's own layout-driven decoders, the per-tensor factors
+// (FP8 scale_inv, the tensor factor of a block-and-tensor scaled direction from its format's
+// tensor_scale_numerator, plugin_abi.h) moved into a device-side alpha, then one BF16
+// cuBLASLt GEMM with FP32 accumulation (docs/gemm.md). For FP8 operands with E8M0 or
+// FP32 block scales the decoders check on the device that BF16 held every value; where one
+// did not, a device kernel recomputes the output exactly (FP32-decoded operands, FP32
+// accumulation) with no host wait. Dense FP32 operands and layouts without an
 // engine decoder are decoded to FP32 by their quantizers' CUDA dequantize for an FP32 cuBLASLt
 // GEMM. A CUDA operand never falls back to the CPU; operands and output on different devices
 // are an error.
@@ -65,7 +67,7 @@ struct GemmOperand {
   std::int64_t outer() const { return direction == QR_DIRECTION_ROWWISE ? rows() : cols(); }
   std::int64_t inner() const { return direction == QR_DIRECTION_ROWWISE ? cols() : rows(); }
   Device device() const;
-  std::string str() const;  // "float8 e4m3 [1024x512] rowwise" or "bf16 [1024x512] columnwise"
+  std::string str() const;  // "myformat e4m3 [1024x512] rowwise" or "bf16 [1024x512] columnwise"
 };
 
 struct GemmOptions {
@@ -79,7 +81,7 @@ struct GemmOptions {
   DType bias_dtype = DType::f32;
   void* stream = nullptr;        // cudaStream_t for CUDA operands (nullptr: legacy default)
   // Which GEMM of a linear layer this is. It decides the accumulation of a native FP8 GEMM:
-  // fast accumulation for fprop only (DESIGN.md section 6); unset means split accumulation.
+  // fast accumulation for fprop only (docs/gemm.md); unset means split accumulation.
   std::optional<GemmKind> kind;
 };
 

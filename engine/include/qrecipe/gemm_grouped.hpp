@@ -65,7 +65,7 @@ struct GroupedOperand {
   bool is_quantized() const;
   // Columns of a split tensor (its groups' fixed dimension).
   std::int64_t split_cols() const;
-  std::string str() const;  // "64 groups: float8 e4m3 ... rowwise" / "split float8 e4m3 [T x 2048] rowwise"
+  std::string str() const;  // "64 groups: myformat e4m3 ... rowwise" / "split myformat e4m3 [T x 2048] rowwise"
 };
 
 struct GroupedOutput {

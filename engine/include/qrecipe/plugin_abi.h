@@ -4,10 +4,10 @@
  *   1. versions and basic enums (status, dtype, device, usage, scale modes, option types)
  *   2. value structs: tensor view, role, options, quantizer spec, layout, quantized tensor
  *   3. the host table (what the engine gives a plugin: errors, logging, scaling state,
- *      sub-quantizers for the hybrid format, scratch memory)
+ *      sub-quantizers for a format built from other formats, scratch memory)
  *   4. the plugin descriptor (what a plugin gives the engine) and the two exported symbols
  *
- * Rules (DESIGN.md section 4):
+ * Rules (docs/architecture.md, "The C plugin boundary"; docs/plugins.md):
  *   - C only. No C++ type, exception or allocation crosses this boundary.
  *   - Every struct starts with `uint32_t struct_size`; readers check it before touching a
  *     field, so newer code can read older structs.
@@ -23,9 +23,18 @@
  *     rows x cols values in whole bytes does not: `quantize` writes every one of its bytes.
  *
  * How to add a slot: append it at the end of the struct, bump nothing else, add a
- * `QR_ABI_V<n>_LAST` static_assert for the new last slot when the version is released, and
- * check `struct_size` before calling it from the engine. Bump QR_PLUGIN_ABI_VERSION only for
- * a change that old plugins cannot survive (there should never be one).
+ * static_assert pinning the new slot's offset (end of this file), and check `struct_size`
+ * before reading or calling it from the engine: a struct from an older plugin ends before it,
+ * and its absence must mean "not provided". The engine then accepts a plugin's struct from
+ * the size of the version that introduced it on, not from sizeof (the descriptor:
+ * QR_PLUGIN_DESCRIPTOR_SIZE_V1), so older plugins keep loading. Bump
+ * QR_PLUGIN_ABI_VERSION only for a change that old plugins cannot survive (there should
+ * never be one).
+ *
+ * Structs embedded by value in another struct (qr_device, qr_tensor_view,
+ * qr_direction_layout, qr_direction_data) can never grow: a new field would move every field
+ * after them in the enclosing struct. Their sizes are pinned too; new per-direction data goes
+ * into a struct passed by pointer (the plugin descriptor, for data of a whole format).
  */
 #ifndef QRECIPE_PLUGIN_ABI_H
 #define QRECIPE_PLUGIN_ABI_H
@@ -96,7 +105,8 @@ typedef enum qr_scale_mode {
   QR_SCALE_BLOCK = 2,       /* one scale per block_rows x block_cols block of the logical
                                [M, K] tensor; scale dtype from the layout */
   QR_SCALE_BLOCK_TENSOR = 3 /* block scales times a per-tensor decode factor derived from
-                               `amax` (NVFP4: amax / (448 * 6)) */
+                               the direction's `amax`; the owning format's descriptor says
+                               how (tensor_scale_numerator) */
 } qr_scale_mode;
 
 typedef enum qr_option_type {
@@ -105,7 +115,7 @@ typedef enum qr_option_type {
   QR_OPTION_FLOAT = 2,
   QR_OPTION_ENUM = 3,     /* a string from a fixed list of choices */
   QR_OPTION_STRING = 4,
-  QR_OPTION_QUANTIZER = 5 /* a nested quantizer spec (the hybrid format's halves) */
+  QR_OPTION_QUANTIZER = 5 /* a nested quantizer spec (a format built from other formats) */
 } qr_option_type;
 
 typedef enum qr_log_level {
@@ -177,7 +187,8 @@ typedef struct qr_option_schema {
 /* Sizes and meaning of the buffers of one direction, for a logical [rows, cols] tensor. */
 typedef struct qr_direction_layout {
   uint32_t struct_size;
-  const char* format;     /* format that owns this direction (a hybrid reports its halves) */
+  const char* format;     /* format that owns this direction (a format built from other
+                             formats reports the one that made each direction) */
   int32_t data_dtype;     /* qr_dtype */
   int32_t data_ndim;
   int64_t data_shape[2];  /* element shape; transposed directions report [cols, rows] */
@@ -186,7 +197,8 @@ typedef struct qr_direction_layout {
   int32_t scale_dtype;    /* qr_dtype of scale_inv (F32, E8M0, E4M3) */
   int32_t scale_ndim;     /* 0 when there is no scale buffer */
   int64_t scale_shape[2]; /* padded shape of the stored scale_inv array */
-  int32_t scale_transposed; /* 1 if scale_inv[j][i] holds block (i, j) (blockwise 1x128) */
+  int32_t scale_transposed; /* 1 if scale_inv[j][i] holds block (i, j) (e.g. 1x128 blocks
+                               stored outer-dimension-major, as cuBLASLt reads them) */
   int32_t block_rows;     /* block geometry in the logical [rows, cols] tensor */
   int32_t block_cols;
   int32_t has_amax;       /* 1 if this direction stores an FP32 amax scalar */
@@ -228,6 +240,7 @@ typedef struct qr_quantize_args {
 
 typedef struct qr_host_context qr_host_context; /* opaque engine handle */
 typedef struct qr_host_quantizer qr_host_quantizer; /* a quantizer the host made for a plugin */
+typedef struct qr_quantizer qr_quantizer; /* opaque, made by a plugin */
 
 /* Shared delayed-scaling state handed to a stateful quantizer. The engine owns it and
  * updates scale / history in Engine::update_scaling(); the quantizer reads `scale` and
@@ -261,7 +274,8 @@ typedef struct qr_host_api {
   /* delayed scaling: a state owned by `ctx` (the engine that is creating the quantizer) */
   qr_status (*scaling_state_acquire)(qr_host_context* ctx, const qr_scaling_request* request,
                                      qr_scaling_state* out);
-  /* sub-quantizers (hybrid): build a quantizer of any loaded format for the same role */
+  /* sub-quantizers (a format built from other formats): build a quantizer of any loaded
+   * format for the same role */
   qr_status (*quantizer_create)(qr_host_context* ctx, const qr_quantizer_spec* spec,
                                 const qr_role* role, qr_host_quantizer** out);
   void (*quantizer_destroy)(qr_host_quantizer* q);
@@ -291,11 +305,12 @@ typedef struct qr_host_api {
    * Engine::update_scaling). Not concurrent with quantize calls using the state. */
   qr_status (*scaling_state_move)(qr_host_context* ctx, qr_scaling_state* state,
                                   qr_device device);
-  /* appended after v1 (check struct_size): scratch memory for a plugin's intermediates (the
-   * hybrid format's rowwise_dequantized mode), zero-filled, at least 256-byte aligned, never
-   * NULL on success (bytes 0 included). CPU: from the engine's allocator (`stream` unused).
-   * CUDA: stream-ordered on `stream` of `device` (cudaMallocAsync, zeroed by cudaMemsetAsync;
-   * NULL = the legacy default stream): usable by work queued on `stream` after the call.
+  /* appended after v1 (check struct_size): scratch memory for a plugin's intermediates (e.g.
+   * a direction decoded to feed another direction's quantizer), zero-filled, at least
+   * 256-byte aligned, never NULL on success (bytes 0 included). CPU: from the engine's
+   * allocator (`stream` unused). CUDA: stream-ordered on `stream` of `device`
+   * (cudaMallocAsync, zeroed by cudaMemsetAsync; NULL = the legacy default stream): usable by
+   * work queued on `stream` after the call.
    * scratch_free with the same device and stream gives it back in stream order
    * (cudaFreeAsync): work queued on `stream` before the free still sees the memory, and
    * the caller need not synchronize. Free on every path, errors included. */
@@ -303,11 +318,17 @@ typedef struct qr_host_api {
                              void** out);
   void (*scratch_free)(qr_host_context* ctx, void* ptr, size_t bytes, qr_device device,
                        void* stream);
+  /* appended after v1 (check struct_size): the extra `name` of the plugin that made q (its
+   * descriptor's get_proc_address) in *fn, NULL when that plugin has none, and q's own
+   * qr_quantizer* in *inner to call it with. Both stay valid while q lives. A plugin that
+   * drives another plugin's quantizer (a format built from others) uses it to reach that plugin's
+   * extras, such as the tensor-cast fusion below. */
+  qr_status (*quantizer_extra)(qr_host_quantizer* q, const char* name, void** fn,
+                               qr_quantizer** inner);
 } qr_host_api;
 
 /* ---------------------------------------------------------------- 4. plugin descriptor */
 
-typedef struct qr_quantizer qr_quantizer; /* opaque, made by the plugin */
 
 typedef struct qr_create_args {
   uint32_t struct_size;
@@ -319,7 +340,7 @@ typedef struct qr_create_args {
 typedef struct qr_plugin_descriptor {
   uint32_t abi_version; /* QR_PLUGIN_ABI_VERSION the plugin was built with */
   uint32_t struct_size;
-  const char* name;            /* format name used in recipes, e.g. "float8" */
+  const char* name;            /* format name used in recipes, e.g. "myformat" */
   const char* version;         /* format/plugin version, e.g. "1.0.0" */
   const char* description;
   uint32_t devices;            /* bit (1 << qr_device_type) per supported device */
@@ -348,7 +369,26 @@ typedef struct qr_plugin_descriptor {
   /* human-readable description of a quantizer's resolved options (for `recipe explain`);
    * writes at most `capacity` bytes including the terminating NUL */
   qr_status (*describe)(qr_quantizer* q, char* buffer, size_t capacity);
+  /* ---- end of v1 (QR_PLUGIN_DESCRIPTOR_SIZE_V1 bytes); appended after v1, read only when
+   * struct_size reaches them: */
+
+  /* How the per-tensor decode factor of this format's QR_SCALE_BLOCK_TENSOR directions
+   * follows from their stored FP32 amax, so the engine can decode such a direction itself
+   * (the GPU GEMM's BF16 decoders) instead of calling `dequantize`:
+   *   factor = 1 / S,  S = tensor_scale_numerator / amax (FP32), FLT_MAX if that overflows,
+   *                    1 when amax is 0, inf or NaN
+   * i.e. qrecipe::tensor_decode_factor(amax, tensor_scale_numerator) of qrecipe/scaling.hpp,
+   * and an element decodes as (code * block scale) * factor, which must be exactly what the
+   * plugin's dequantize computes. A finite positive number, or 0: the format has no such
+   * factor (formats without QR_SCALE_BLOCK_TENSOR directions, and every plugin built before
+   * this field existed); the engine then decodes those directions only through `dequantize`.
+   * Anything else (negative, inf, NaN) makes the plugin fail to load. */
+  float tensor_scale_numerator;
 } qr_plugin_descriptor;
+
+/* Size of the v1 descriptor (up to and including `describe`): the least struct_size the
+ * engine accepts, so plugins built before the fields appended after v1 keep loading. */
+#define QR_PLUGIN_DESCRIPTOR_SIZE_V1 128u
 
 /* ---- Extras by name: `get_proc_address(name)` returns one of these (cast to void*) or NULL.
  * Each name comes with the function type its pointer has. */
@@ -457,6 +497,115 @@ typedef qr_status (*qr_grouped_device_sizes_fn)(qr_quantizer* q, int64_t rows, i
 typedef qr_status (*qr_quantize_grouped_device_fn)(qr_quantizer* q, const qr_tensor_view* src,
                                                    const qr_quantize_args* args,
                                                    qr_grouped_quantized* dst);
+/* Fused Adam step + requantization (qrecipe.optim.FusedAdam: FP32 master weights for quantized
+ * parameters): an optional extra, two names.
+ *
+ * QR_EXTRA_ADAM_REQUANTIZE takes `count` (>= 1) tensors, all on one device, each made by a
+ * quantizer of this plugin (tensors[i].quantizer, which made tensors[i].dst). The contract: the
+ * result is byte-identical (master, moments, and every buffer of dst: data, scale_inv, amax)
+ * to doing, for i = 0, 1, ... in order:
+ *   1. for every element, qrecipe::adam::update (qrecipe/adam.hpp) of master, exp_avg and
+ *      exp_avg_sq from grad, with qrecipe::adam::scalars of tensors[i].hyper (a moment stored
+ *      in BF16 is widened before and rounded to nearest even after the update);
+ *   2. `quantize` of the new master (an F32 [rows, cols] source) into dst with usage =
+ *      dst->usage, no caller-reduced amax and no rng offset.
+ * So stateful scaling behaves as those quantize calls do (delayed: every tensor reads the
+ * state's scale and max-accumulates its amax into history row 0). What it buys is passes and
+ * launches: a CUDA implementation updates and requantizes in one pass over the tensors (two
+ * when the format needs a tensor-wide amax first), every tensor of the call in one launch per
+ * pass. Asynchronous on `stream` (CUDA) with no host synchronization; a capturable hyper
+ * (lr_device / step_device) is read on the device. On error the contents of every master,
+ * moment and dst are unspecified.
+ *
+ * QR_EXTRA_ADAM_REQUANTIZE_SUPPORTS says whether the first serves quantizer `q` for tensors on
+ * `device`, and with `capturable` (1) whether it then runs without host synchronization,
+ * allocation or host-side state changes (CUDA-graph capture and replay give the eager result).
+ * Returns 1, or 0 with the reason in `reason` (NUL-terminated, at most `capacity` bytes). The
+ * host calls the extra only with quantizers it supports, and serves the others itself: the
+ * update (the same arithmetic), then `quantize` into dst -- the same bytes in more passes. */
+typedef struct qr_adam_hyper {
+  uint32_t struct_size;
+  int32_t adam_w_mode;      /* 1: decoupled weight decay (AdamW); 0: L2, g += weight_decay * p */
+  double lr;                /* used when lr_device is NULL */
+  const float* lr_device;   /* or the FP32 learning rate on the tensors' device, read by the step */
+  double beta1;
+  double beta2;
+  double eps;
+  double weight_decay;
+  int64_t step;             /* step count after this step's increment (>= 1); used when
+                               step_device is NULL */
+  const float* step_device; /* or the FP32 step count on the tensors' device (torch's capturable
+                               step tensor), already incremented, read by the step */
+} qr_adam_hyper;
+
+typedef struct qr_adam_tensor {
+  uint32_t struct_size;
+  qr_quantizer* quantizer;   /* a quantizer of this plugin; the one that made dst */
+  const qr_adam_hyper* hyper;
+  qr_tensor_view master;     /* F32, contiguous, 2-D [rows, cols]; updated in place */
+  qr_tensor_view grad;       /* F32, BF16 or F16, contiguous, [rows, cols]; read only */
+  qr_tensor_view exp_avg;    /* F32 or BF16, contiguous, [rows, cols]; updated in place */
+  qr_tensor_view exp_avg_sq; /* F32 or BF16, contiguous, [rows, cols]; updated in place */
+  qr_quantized_tensor* dst;  /* rows x cols; every direction it holds is rewritten */
+} qr_adam_tensor;
+
+#define QR_EXTRA_ADAM_REQUANTIZE "qr_adam_requantize"
+typedef qr_status (*qr_adam_requantize_fn)(const qr_adam_tensor* tensors, uint32_t count,
+                                           void* stream);
+#define QR_EXTRA_ADAM_REQUANTIZE_SUPPORTS "qr_adam_requantize_supports"
+typedef int32_t (*qr_adam_requantize_supports_fn)(qr_quantizer* q, qr_device device,
+                                                  int32_t capturable, char* reason,
+                                                  size_t capacity);
+
+/* Fusing the two directions of a format built from two others into one read of the source: optional extras.
+ *
+ * A per-tensor cast is what a direction with one FP32 scale for the whole tensor (scale mode
+ * TENSOR with E4M3 / E5M2 data) needs written, described without naming its format, so that
+ * another plugin's quantize kernel can write it from the same read of the source:
+ *   data[r][c] (data [rows, cols]), or data[c][r] when transposed (data [cols, rows]),
+ *     = sat_rne(fp32(x[r][c]) * s) in `dtype`: round to nearest even, saturating to +-max,
+ *       NaN -> 0x7F, sign of zero kept (qrecipe/conversions.hpp), with
+ *   s = *scale when scale is set, else scale_from_amax(*amax, fmax, pow2_scales,
+ *       amax_epsilon) (qrecipe/scaling.hpp), computed on the device.
+ * Pointers are device pointers whose contents are ready in stream order (args->stream). */
+typedef struct qr_tensor_cast {
+  uint32_t struct_size;
+  int32_t dtype;          /* QR_DTYPE_E4M3 or QR_DTYPE_E5M2 */
+  int32_t transposed;     /* 0: data [rows, cols]; 1: data [cols, rows] */
+  uint8_t* data;
+  const float* scale;     /* the scale itself, or NULL: from amax by the rule above */
+  const float* amax;      /* the rule's amax (used when scale is NULL) */
+  float fmax;             /* 448 (E4M3) or 57344 (E5M2) */
+  int32_t pow2_scales;
+  float amax_epsilon;
+  /* NULL, or max |x| over this very source (NaN ignored), already on the device: a fusing
+   * plugin whose own direction needs exactly that amax may read it instead of a pass of its
+   * own. NULL when the amax came from the caller (a reduced amax is not the source's). */
+  const float* source_amax;
+} qr_tensor_cast;
+
+/* Extra of a plugin whose direction can be written as a per-tensor cast. args->usage names
+ * exactly one direction d of dst. It runs everything quantize does for d except writing the
+ * data (the amax pass, scale_inv and amax stores), stream-ordered on args->stream, and fills
+ * *cast (data = d's data buffer). A QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST call that writes *cast
+ * then completes d byte for byte as quantize would have. It returns QR_STATUS_UNSUPPORTED
+ * having written and advanced nothing when this quantizer cannot be described that way
+ * (options such as delayed scaling, device, source dtype): quantize the directions apart. */
+#define QR_EXTRA_PREPARE_TENSOR_CAST "qr_prepare_tensor_cast"
+typedef qr_status (*qr_prepare_tensor_cast_fn)(qr_quantizer* q, const qr_tensor_view* src,
+                                               const qr_quantize_args* args,
+                                               qr_quantized_tensor* dst, qr_tensor_cast* cast);
+
+/* Extra: exactly `quantize(q, src, args, dst)` plus writing `cast` from the same read of the
+ * source. With dst == NULL it is a probe: it returns success when it would accept this call
+ * (src, args->usage, cast->dtype, cast->transposed; the pointers of cast unused), else
+ * QR_STATUS_UNSUPPORTED, and writes nothing. A real call that returns QR_STATUS_UNSUPPORTED has
+ * written and advanced nothing (stochastic-rounding counter included). */
+#define QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST "qr_quantize_with_tensor_cast"
+typedef qr_status (*qr_quantize_with_tensor_cast_fn)(qr_quantizer* q, const qr_tensor_view* src,
+                                                     const qr_quantize_args* args,
+                                                     qr_quantized_tensor* dst,
+                                                     const qr_tensor_cast* cast);
 
 /* Exported symbols of every plugin:
  *   const uint32_t qrecipe_plugin_abi = QR_PLUGIN_ABI_VERSION;   (read without running code)
@@ -479,6 +628,11 @@ typedef const qr_plugin_descriptor* (*qr_plugin_entry_fn)(const qr_host_api* hos
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
 QR_ABI_STATIC_ASSERT(offsetof(qr_plugin_descriptor, describe) == 120,
                      "qr_plugin_descriptor v1 layout changed: append new slots at the end");
+QR_ABI_STATIC_ASSERT(offsetof(qr_plugin_descriptor, describe) + sizeof(void*) ==
+                         QR_PLUGIN_DESCRIPTOR_SIZE_V1,
+                     "QR_PLUGIN_DESCRIPTOR_SIZE_V1 must stay the released v1 descriptor size");
+QR_ABI_STATIC_ASSERT(offsetof(qr_plugin_descriptor, tensor_scale_numerator) == 128,
+                     "qr_plugin_descriptor: tensor_scale_numerator (appended after v1) moved");
 QR_ABI_STATIC_ASSERT(offsetof(qr_host_api, quantizer_describe) == 112,
                      "qr_host_api v1 layout changed: append new slots at the end");
 QR_ABI_STATIC_ASSERT(offsetof(qr_quantize_args, stream) == 32,
@@ -489,6 +643,14 @@ QR_ABI_STATIC_ASSERT(offsetof(qr_option_schema, required) == 72,
                      "qr_option_schema v1 layout changed: append new fields at the end");
 QR_ABI_STATIC_ASSERT(offsetof(qr_tensor_view, strides) == 96,
                      "qr_tensor_view v1 layout changed: append new fields at the end");
+/* Embedded by value in other structs: these sizes can never change (see the rules above). */
+QR_ABI_STATIC_ASSERT(sizeof(qr_device) == 8, "qr_device is embedded by value: it cannot grow");
+QR_ABI_STATIC_ASSERT(sizeof(qr_tensor_view) == 160,
+                     "qr_tensor_view is embedded by value in qr_direction_data: it cannot grow");
+QR_ABI_STATIC_ASSERT(sizeof(qr_direction_layout) == 88,
+                     "qr_direction_layout is embedded by value in qr_direction_data: it cannot grow");
+QR_ABI_STATIC_ASSERT(sizeof(qr_direction_data) == 8 + 88 + 3 * 160,
+                     "qr_direction_data is embedded by value in qr_quantized_tensor: it cannot grow");
 #endif
 
 #endif /* QRECIPE_PLUGIN_ABI_H */

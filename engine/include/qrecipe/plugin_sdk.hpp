@@ -21,8 +21,18 @@
 //        void quantize_grouped_device(const qr_tensor_view& src, const qr_quantize_args& args,
 //                                     qr_grouped_quantized& dst);
 //      give QR_EXTRA_GROUPED_DEVICE_SIZES and QR_EXTRA_QUANTIZE_GROUPED_DEVICE (groups whose
-//      sizes only the device knows). Other extras come from the function given to
-//      QR_DEFINE_PLUGIN_EX.
+//      sizes only the device knows), and the one-read fusion extras (plugin_abi.h,
+//      qr_tensor_cast):
+//        void prepare_tensor_cast(const qr_tensor_view& src, const qr_quantize_args& args,
+//                                 qr_quantized_tensor& dst, qr_tensor_cast& cast);
+//        void quantize_with_tensor_cast(const qr_tensor_view& src, const qr_quantize_args& args,
+//                                       qr_quantized_tensor* dst, const qr_tensor_cast& cast);
+//      (throw qrecipe::Error with QR_STATUS_UNSUPPORTED, before writing anything, for what
+//      they cannot do). Other extras come from the function given to QR_DEFINE_PLUGIN_EX.
+//   6. A format with QR_SCALE_BLOCK_TENSOR directions gives the class
+//        static constexpr float kTensorScaleNumerator = ...;
+//      and the descriptor carries it as tensor_scale_numerator (plugin_abi.h says what it
+//      means); without the member the descriptor says 0 (no per-tensor decode factor).
 // Every call into the class goes through a noexcept trampoline that turns exceptions into
 // qr_status values made by the host, so no exception ever crosses the boundary.
 #pragma once
@@ -36,6 +46,7 @@
 #include <string_view>
 #include <utility>
 
+#include "qrecipe/checked.hpp"
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 
@@ -141,8 +152,10 @@ inline qr_direction_layout empty_layout(const char* format) {
   return l;
 }
 
-inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-inline std::int64_t round_up(std::int64_t a, std::int64_t m) { return ceil_div(a, m) * m; }
+// Shape arithmetic for layouts: checked (qrecipe/checked.hpp), so a shape whose padded size
+// does not fit in 64 bits is an error, never a wrapped size.
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return qrecipe::ceil_div(a, b, "layout"); }
+inline std::int64_t round_up(std::int64_t a, std::int64_t m) { return qrecipe::round_up(a, m, "layout"); }
 
 // What a plugin's quantizer implements. The engine guarantees: src is a valid view whose
 // logical 2-D shape matches dst->rows x dst->cols; each requested direction of dst has buffers
@@ -168,6 +181,32 @@ concept HasQuantizeGrouped = requires(Q& q, const qr_tensor_view& src,
                                       std::span<qr_quantized_tensor* const> dst) {
   q.quantize_grouped(src, rows, args, dst);
 };
+
+// A quantizer class that can describe a direction as a per-tensor cast, or write one while it
+// quantizes (the one-read fusion extras of plugin_abi.h; how-to step 5 above).
+template <class Q>
+concept HasPrepareTensorCast = requires(Q& q, const qr_tensor_view& src,
+                                        const qr_quantize_args& args, qr_quantized_tensor& dst,
+                                        qr_tensor_cast& cast) {
+  q.prepare_tensor_cast(src, args, dst, cast);
+};
+template <class Q>
+concept HasQuantizeWithTensorCast = requires(Q& q, const qr_tensor_view& src,
+                                             const qr_quantize_args& args,
+                                             qr_quantized_tensor* dst,
+                                             const qr_tensor_cast& cast) {
+  q.quantize_with_tensor_cast(src, args, dst, cast);
+};
+
+// The descriptor's tensor_scale_numerator of Q (how-to step 6 above): Q's
+// kTensorScaleNumerator, or 0 when Q has none.
+template <class Q>
+constexpr float tensor_scale_numerator_of() {
+  if constexpr (requires { Q::kTensorScaleNumerator; })
+    return static_cast<float>(Q::kTensorScaleNumerator);
+  else
+    return 0.0f;
+}
 
 // The generic checks of a quantize_grouped call (plugin_abi.h), made before the plugin's own:
 // struct sizes, at least one group, a 2-D source whose rows the groups cover exactly, one
@@ -324,6 +363,30 @@ struct Trampolines {
       self(q)->quantize_grouped_device(*src, *args, *dst);
     });
   }
+  static qr_status prepare_tensor_cast(qr_quantizer* q, const qr_tensor_view* src,
+                                       const qr_quantize_args* args, qr_quantized_tensor* dst,
+                                       qr_tensor_cast* cast) noexcept {
+    return guard([&] {
+      QR_CHECK(src && args && dst && cast, "prepare_tensor_cast called with null arguments");
+      QR_CHECK(args->struct_size >= sizeof(qr_quantize_args) &&
+                   cast->struct_size >= sizeof(qr_tensor_cast),
+               "prepare_tensor_cast: qr_quantize_args or qr_tensor_cast struct_size too small");
+      self(q)->prepare_tensor_cast(*src, *args, *dst, *cast);
+    });
+  }
+  static qr_status quantize_with_tensor_cast(qr_quantizer* q, const qr_tensor_view* src,
+                                             const qr_quantize_args* args,
+                                             qr_quantized_tensor* dst,
+                                             const qr_tensor_cast* cast) noexcept {
+    return guard([&] {
+      QR_CHECK(src && args && cast, "quantize_with_tensor_cast called with null arguments");
+      QR_CHECK(args->struct_size >= sizeof(qr_quantize_args) &&
+                   cast->struct_size >= sizeof(qr_tensor_cast),
+               "quantize_with_tensor_cast: qr_quantize_args or qr_tensor_cast struct_size too "
+               "small");
+      self(q)->quantize_with_tensor_cast(*src, *args, dst, *cast);
+    });
+  }
   static qr_status describe(qr_quantizer* q, char* buffer, std::size_t capacity) noexcept {
     return guard([&] {
       const std::string s = self(q)->describe();
@@ -359,11 +422,13 @@ constexpr qr_plugin_descriptor make_descriptor(const char* name, const char* ver
           &Trampolines<Q>::quantize,
           &Trampolines<Q>::dequantize,
           get_proc_address,
-          &Trampolines<Q>::describe};
+          &Trampolines<Q>::describe,
+          tensor_scale_numerator_of<Q>()};
 }
 
 // The descriptor's get_proc_address: the extras the SDK itself provides for Q (grouped
-// quantization when Q has a quantize_grouped member), then whatever `PluginExtras` (the
+// quantization when Q has a quantize_grouped member, the tensor-cast fusion extras when it has
+// those members), then whatever `PluginExtras` (the
 // plugin's own lookup, QR_DEFINE_PLUGIN_EX) returns.
 template <class Q, void* (*PluginExtras)(const char*)>
 void* extras(const char* name) {
@@ -384,6 +449,18 @@ void* extras(const char* name) {
       return reinterpret_cast<void*>(fn);
     }
   }
+  if constexpr (HasPrepareTensorCast<Q>) {
+    if (std::strcmp(name, QR_EXTRA_PREPARE_TENSOR_CAST) == 0) {
+      const qr_prepare_tensor_cast_fn fn = &Trampolines<Q>::prepare_tensor_cast;
+      return reinterpret_cast<void*>(fn);
+    }
+  }
+  if constexpr (HasQuantizeWithTensorCast<Q>) {
+    if (std::strcmp(name, QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST) == 0) {
+      const qr_quantize_with_tensor_cast_fn fn = &Trampolines<Q>::quantize_with_tensor_cast;
+      return reinterpret_cast<void*>(fn);
+    }
+  }
   return PluginExtras(name);
 }
 
@@ -401,7 +478,7 @@ inline void* no_extras(const char*) { return nullptr; }
 
 // Turns the status of a host call (e.g. a sub-quantizer's quantize) into a thrown
 // qrecipe::Error that keeps the original code, where and message, prefixed by `context`
-// ("hybrid rowwise side (float8)"). Frees the status. No-op for success.
+// ("rowwise sub-quantizer (myformat)"). Frees the status. No-op for success.
 inline void check_host(qr_status status, std::string_view context) {
   if (status == nullptr) return;
   const qr_host_api* h = host();
@@ -445,7 +522,9 @@ inline void check_host(qr_status status, std::string_view context) {
     if (host == nullptr || host->abi_version != QR_PLUGIN_ABI_VERSION ||                        \
         host->struct_size < sizeof(qr_host_api))                                                \
       return nullptr;                                                                           \
-    ::qrecipe::sdk::host() = host;                                                              \
+    /* Written once: later loads (another Registry) pass the same table, and a write would   \
+       race with the reads of quantize calls running on other threads. */                     \
+    if (::qrecipe::sdk::host() != host) ::qrecipe::sdk::host() = host;                         \
     return &descriptor;                                                                         \
   }
 

@@ -6,8 +6,9 @@
 // Nothing here is linked from the engine.
 //
 // Why a plugin checks what the engine's Quantizer checks too: the C entry points are the
-// boundary (plugin_abi.h, STYLE.md rule 4). The host table's quantizer_quantize and
-// quantizer_dequantize (how a hybrid runs its halves) and direct callers of the descriptor
+// boundary (plugin_abi.h; docs/architecture.md, "Conventions", rule 4). The host table's
+// quantizer_quantize and
+// quantizer_dequantize (how a format built from others runs its sub-quantizers) and direct callers of the descriptor
 // reach a plugin without the engine's checks in front, so a plugin refuses bad arguments with
 // an error value itself instead of writing out of bounds.
 //

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "qrecipe/checked.hpp"
 #include "qrecipe/conversions.hpp"
 #include "qrecipe/dtype.hpp"
 #include "qrecipe/error.hpp"
@@ -115,14 +116,14 @@ inline void check_source_view(const qr_tensor_view& src, const char* format,
 // Number of elements of a view (1 for rank 0).
 inline std::int64_t numel(const qr_tensor_view& v) {
   std::int64_t n = 1;
-  for (int d = 0; d < v.ndim; ++d) n *= v.shape[d];
+  for (int d = 0; d < v.ndim; ++d) n = checked_mul(n, v.shape[d], "elements of a view");
   return n;
 }
 
 // The 2-D logical shape of a view: [prod(leading dims), last dim] ([1, 1] for rank 0).
 inline std::int64_t view_rows(const qr_tensor_view& v) {
   std::int64_t r = 1;
-  for (int d = 0; d + 1 < v.ndim; ++d) r *= v.shape[d];
+  for (int d = 0; d + 1 < v.ndim; ++d) r = checked_mul(r, v.shape[d], "rows of a view");
   return r;
 }
 inline std::int64_t view_cols(const qr_tensor_view& v) {

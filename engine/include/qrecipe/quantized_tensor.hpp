@@ -1,4 +1,4 @@
-// QuantizedTensor: the owning C++ face of qr_quantized_tensor (DESIGN.md section 3).
+// QuantizedTensor: the owning C++ face of qr_quantized_tensor (docs/architecture.md, "Core types").
 //
 // It owns the buffers of each direction it holds (allocated from an Allocator according to
 // the quantizer's layout) and keeps the C struct's views pointing into them. Move-only; moving
@@ -169,7 +169,8 @@ class QuantizedTensor {
   // gives a whole allocation, so kernels see the alignment separate buffers had).
   static constexpr std::size_t kPartAlignment = 256;
   static std::size_t round_up(std::size_t bytes) {
-    return (bytes + kPartAlignment - 1) / kPartAlignment * kPartAlignment;
+    return checked_add(bytes, kPartAlignment - 1, "bytes of a quantized tensor") /
+           kPartAlignment * kPartAlignment;
   }
   qr_direction_data& direction_data(qr_direction d) {
     return d == QR_DIRECTION_ROWWISE ? c_.rowwise : c_.columnwise;
@@ -222,9 +223,10 @@ class QuantizedTensor {
         any = true;
         const qr_direction_data& dd = tensors[i]->direction_data(d);
         at[i].scale = cursor;
-        cursor += round_up(bytes_of(dd.scale_inv));
+        cursor = checked_add(cursor, round_up(bytes_of(dd.scale_inv)), "bytes of quantized tensors");
         at[i].amax = cursor;
-        cursor += round_up(bytes_of(dd.amax));  // every part starts on a boundary
+        // every part starts on a boundary
+        cursor = checked_add(cursor, round_up(bytes_of(dd.amax)), "bytes of quantized tensors");
       }
       if (!any) continue;
       // Data parts follow; the last one is not padded. Zero ranges: the scales and amaxes,
@@ -244,7 +246,7 @@ class QuantizedTensor {
           else
             zero.emplace_back(cursor, cursor + bytes);
         }
-        cursor += bytes;
+        cursor = checked_add(cursor, bytes, "bytes of quantized tensors");
       }
       auto buffer = std::make_shared<Buffer>(allocator, cursor, device, Buffer::Fill::none);
       auto* base = static_cast<std::uint8_t*>(buffer->data());
@@ -268,10 +270,10 @@ class QuantizedTensor {
   // whole bytes (plugin_abi.h).
   static bool written_in_full(const qr_direction_layout& l, std::int64_t rows, std::int64_t cols) {
     std::int64_t values = 1;
-    for (int i = 0; i < l.data_ndim; ++i) values *= l.data_shape[i];
+    for (int i = 0; i < l.data_ndim; ++i) values = checked_mul(values, l.data_shape[i], "data elements");
     const bool whole_bytes = dtype_bits(static_cast<DType>(l.data_dtype)) >= 8 ||
                              l.data_shape[l.data_ndim - 1] % 2 == 0;
-    return values == rows * cols && whole_bytes;
+    return values == checked_mul(rows, cols, "elements") && whole_bytes;
   }
 
   // The view of one part with its data pointer still unset.

@@ -59,8 +59,13 @@ class Quantizer {
                   void* stream = nullptr) const;
   // Convenience: decode into a new F32 CPU tensor of shape [rows, cols].
   Tensor dequantize(const QuantizedTensor& src, qr_direction direction) const;
-  // The quantizer's resolved options, e.g. "float8{dtype=e4m3, scaling=current, ...}".
+  // The quantizer's resolved options, e.g. "myformat{dtype=e4m3, scaling=current, ...}".
   std::string describe() const;
+  // The plugin of the format that owns a direction this quantizer lays out (`layout` is that
+  // direction's layout): this quantizer's own plugin, or, for a format built from other
+  // formats, the one the layout's `format` names, from the registry of the engine that made
+  // this quantizer. Throws when that format is not loaded there.
+  const FormatPlugin& direction_plugin(const qr_direction_layout& layout) const;
 
  private:
   std::string context(const char* op, const TensorView* src = nullptr) const;
@@ -69,6 +74,7 @@ class Quantizer {
   QuantizerSpec spec_;
   QuantizerRole role_;
   qr_quantizer* handle_ = nullptr;
+  qr_host_context* ctx_ = nullptr;  // the engine that made it (finds other formats' plugins)
 };
 
 }  // namespace qrecipe

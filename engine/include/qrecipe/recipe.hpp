@@ -1,20 +1,30 @@
-// Recipe: an ordered list of rules mapping quantizer roles to quantizer specs (DESIGN.md
-// section 5), parsed from YAML.
+// Recipe: an ordered list of rules mapping quantizer roles to quantizer specs
+// (docs/recipes.md), parsed from YAML.
 //
 //   version: 1
 //   name: my-recipe
 //   defaults: {format: none}          # used when no rule matches
 //   rules:                            # first match wins
 //     - match: {module_type: linear, tensor_type: [input, weight], name: "layers.*"}
-//       quantizer: {format: float8, scaling: current}
+//       quantizer: {format: myformat, scaling: current}
 //
 // Parsing (Recipe::load / Recipe::parse) checks the structure: YAML syntax, `version`, known
 // top-level and match keys, a `format` in every quantizer. Option values stay untyped (the
 // YAML scalar text) until Recipe::validate checks them against each plugin's schema (unknown
 // formats, unknown keys, wrong types, enum choices, bounds, forbidden nesting) and converts
 // them. Every error names file:line:column and the key path; `check` collects all of them.
+// Validation also makes every spec into a quantizer through its plugin (per tensor type the
+// rule can match), so option combinations only the plugin knows fail there too, not at first
+// use.
+//
+// Limits (docs/recipes.md "Limits"): a recipe file must be a regular file of at most
+// kRecipeMaxBytes; its YAML may nest at most kRecipeMaxDepth collections deep and expand (YAML
+// aliases copied where they are used) to at most kRecipeMaxNodes nodes. Each limit is a
+// RecipeError at the place that crosses it; nothing reads, walks or allocates past it.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -25,6 +35,15 @@
 namespace qrecipe {
 
 class Registry;
+
+inline constexpr std::size_t kRecipeMaxBytes = std::size_t{1} << 20;  // 1 MiB
+inline constexpr int kRecipeMaxDepth = 64;                             // nested maps and lists
+inline constexpr std::uint64_t kRecipeMaxNodes = 100000;               // after alias expansion
+inline constexpr std::size_t kRecipeMaxProblems = 100;                 // reported by one check
+
+namespace recipe_internal {
+struct RecipeAccess;
+}
 
 // An error in a recipe file: message already prefixed with "file:line:column: ".
 class RecipeError : public Error {
@@ -64,11 +83,24 @@ struct RecipeRule {
   std::string decision_str() const { return delegates() ? "factory " + factory : quantizer.str(); }
 };
 
+// `telemetry: {every: N, roles: [glob, ...]}`: which quantizations the adapter gathers
+// numerics statistics of (docs/adapter.md, telemetry). The engine parses and checks the key;
+// the statistics are the adapter's. `roles` are globs on the role string
+// "module_type:tensor_type@name" (empty: every role).
+struct TelemetrySettings {
+  int every = 0;  // every N-th quantization of a role; 0: the recipe has no telemetry key
+  std::vector<std::string> roles;
+  SourceLocation location;
+  bool enabled() const { return every > 0; }
+};
+
 class Recipe {
  public:
-  static Recipe load(const std::string& path);  // throws RecipeError / Error (file unreadable)
+  // Throws RecipeError, or Error when the file is unreadable, not a regular file (a FIFO, a
+  // device, a directory: refused before it is opened) or larger than kRecipeMaxBytes.
+  static Recipe load(const std::string& path);
   static Recipe parse(const std::string& yaml_text, const std::string& source_name = "<string>");
-  // A recipe with no rules whose defaults are `spec` (e.g. the whole model in float8).
+  // A recipe with no rules whose defaults are `spec` (e.g. the whole model in one format).
   static Recipe uniform(const QuantizerSpec& spec, const std::string& name = "uniform");
   // A recipe whose one rule (`match: {}`) delegates every role to `factory` (any non-empty
   // reference the engine's factory resolver understands; a Python callable's display name for
@@ -88,6 +120,7 @@ class Recipe {
   const std::string& source() const { return source_; }
   const QuantizerSpec& defaults() const { return defaults_; }
   const std::vector<RecipeRule>& rules() const { return rules_; }
+  const TelemetrySettings& telemetry() const { return telemetry_; }
 
   // Index of the first matching rule, or -1 when the defaults apply.
   int match(const QuantizerRole& role) const;
@@ -105,11 +138,13 @@ class Recipe {
   std::vector<std::string> coverage(const std::vector<QuantizerRole>& roles) const;
 
  private:
+  friend struct recipe_internal::RecipeAccess;
   std::string name_ = "unnamed";
   int version_ = 1;
   std::string source_;
   QuantizerSpec defaults_;
   std::vector<RecipeRule> rules_;
+  TelemetrySettings telemetry_;
   bool validated_ = false;
 };
 

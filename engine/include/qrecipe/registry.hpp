@@ -1,4 +1,4 @@
-// Registry: finds, loads and keeps the format plugins (DESIGN.md section 4).
+// Registry: finds, loads and keeps the format plugins (docs/plugins.md, "How plugins are found").
 //
 // Search order (printed by `qrecipe plugins -v`):
 //   1. paths given through the API (RegistryOptions::paths: directories or .so files)
@@ -69,7 +69,7 @@ class Registry {
   const std::vector<std::shared_ptr<const FormatPlugin>>& plugins() const { return plugins_; }
   const std::vector<LoadFailure>& failures() const { return failures_; }
   const std::vector<DuplicateFormat>& duplicates() const { return duplicates_; }
-  std::string loaded_names() const;  // "blockwise, float8, hybrid" (sorted), or "none"
+  std::string loaded_names() const;  // "fmt_a, fmt_b, toy" (sorted), or "none"
 
   // A process-wide registry with default options, made on first use.
   static std::shared_ptr<Registry> shared();
@@ -86,7 +86,7 @@ class Registry {
 // Host table handed to every plugin entry (host_api.cpp).
 const qr_host_api* host_api();
 // Throws the error carried by `status` (and frees it) if it is not NULL; `context` prefixes
-// the message, e.g. "float8 quantize of bf16[4, 8]".
+// the message, e.g. "myformat quantize of bf16[4, 8]".
 void throw_if_error(qr_status status, const std::string& context);
 
 }  // namespace qrecipe

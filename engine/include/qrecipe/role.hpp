@@ -1,5 +1,5 @@
-// QuantizerRole: who consumes a tensor (DESIGN.md section 3). A value type with a stable string
-// form "module_type:tensor_type@name" used in logs, caches and `recipe explain`.
+// QuantizerRole: who consumes a tensor (docs/architecture.md, "Core types"). A value type with a
+// stable string form "module_type:tensor_type@name" used in logs, caches and `recipe explain`.
 #pragma once
 
 #include <cstddef>

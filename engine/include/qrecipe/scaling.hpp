@@ -1,6 +1,7 @@
-// Delayed scaling (DESIGN.md section 7, float8): the per-tensor scale follows the amax
-// history of previous steps. The update is one pure function shared by the CPU path and the
-// CUDA kernel that updates all states in one launch.
+// Scales from amaxes (docs/numerics.md, "General rules"), as __host__ __device__
+// functions. Delayed scaling: the per-tensor scale follows the amax history of previous steps;
+// the update is one pure function shared by the CPU path and the CUDA kernel that updates all
+// states in one launch.
 #pragma once
 
 #include <cfloat>
@@ -11,7 +12,7 @@
 
 namespace qrecipe {
 
-// scale_from_amax of DESIGN.md section 7 (current scaling and blockwise):
+// scale_from_amax of docs/numerics.md (current scaling, per-block scales):
 // amax < eps -> eps; amax 0 or inf (or NaN) -> 1; scale = fmax / amax; inf -> value_for_inf;
 // pow2 -> clear the mantissa (round down to 2^k).
 QR_HD float scale_from_amax(float amax, float fmax, bool pow2, float eps,
@@ -22,6 +23,14 @@ QR_HD float scale_from_amax(float amax, float fmax, bool pow2, float eps,
   if (num::is_inf(scale)) scale = value_for_inf;
   if (pow2) scale = num::bits_float(num::float_bits(scale) & 0xFF800000u);
   return scale;
+}
+
+// The per-tensor decode factor of a QR_SCALE_BLOCK_TENSOR direction from its stored amax:
+// 1 / scale_from_amax(amax, numerator, no pow2, eps 0), `numerator` being the owning format's
+// descriptor field tensor_scale_numerator (plugin_abi.h). An element of such a direction
+// decodes as (code * block scale) * factor.
+QR_HD float tensor_decode_factor(float amax, float numerator) {
+  return 1.0f / scale_from_amax(amax, numerator, /*pow2=*/false, /*eps=*/0.0f);
 }
 
 // One delayed-scaling update of one state, after the caller reduced the step's amax across

@@ -2,7 +2,7 @@
 // and CSpec, its C mirror for the plugin boundary. Header-only.
 //
 // Options are ordered as the recipe wrote them. A spec whose format is "none" means "keep high
-// precision". Nested specs (the hybrid format's halves) are held by shared_ptr so specs stay
+// precision". Nested specs (options of type quantizer) are held by shared_ptr so specs stay
 // cheap to copy.
 #pragma once
 
@@ -65,7 +65,7 @@ struct QuantizerSpec {
       if (k == key) return &v;
     return nullptr;
   }
-  // Stable, compact form: "float8{scaling=delayed, margin=0}" or "none"; a shared state's
+  // Stable, compact form: "myformat{scaling=delayed, margin=0}" or "none"; a shared state's
   // name comes last ("...{scaling=delayed, share=weights}").
   std::string str() const {
     if (options.empty() && share.empty()) return format;

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "qrecipe/checked.hpp"
 #include "qrecipe/dtype.hpp"
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
@@ -56,7 +57,7 @@ class TensorView {
       QR_CHECK(shape[d] >= 0, "negative dimension ", shape[d], " at index ", d);
       view_.shape[d] = shape[d];
       view_.strides[d] = stride;
-      stride *= shape[d];
+      stride = checked_mul(stride, shape[d], "elements of a tensor view");
     }
   }
   TensorView(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
@@ -81,7 +82,7 @@ class TensorView {
   }
   std::int64_t numel() const {
     std::int64_t n = 1;
-    for (int d = 0; d < view_.ndim; ++d) n *= view_.shape[d];
+    for (int d = 0; d < view_.ndim; ++d) n = checked_mul(n, view_.shape[d], "elements of a tensor view");
     return n;
   }
   bool empty() const { return numel() == 0; }
@@ -97,7 +98,7 @@ class TensorView {
   std::int64_t cols() const { return view_.ndim == 0 ? 1 : view_.shape[view_.ndim - 1]; }
   std::int64_t rows() const {
     std::int64_t r = 1;
-    for (int d = 0; d + 1 < view_.ndim; ++d) r *= view_.shape[d];
+    for (int d = 0; d + 1 < view_.ndim; ++d) r = checked_mul(r, view_.shape[d], "rows of a tensor view");
     return r;
   }
   std::int64_t nbytes() const { return storage_bytes(dtype(), rows(), cols()); }
@@ -134,6 +135,8 @@ class CpuAllocator final : public Allocator {
   void* allocate(std::size_t bytes, Device device) override {
     QR_CHECK(device.is_cpu(), "CpuAllocator cannot allocate on ", device.str(),
              "; pass a CUDA allocator (build with QRECIPE_CUDA=ON) for device tensors");
+    QR_CHECK_CODE(bytes <= (std::size_t{1} << 62), QR_STATUS_OUT_OF_MEMORY, "host allocation of ",
+                  bytes, " bytes refused: more than any machine has");
     const std::size_t rounded = ((bytes + kAlignment - 1) / kAlignment) * kAlignment;
     void* p = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
     QR_CHECK_CODE(p != nullptr, QR_STATUS_OUT_OF_MEMORY, "host allocation of ", bytes,

@@ -69,7 +69,8 @@ void reference_gemm_f32(const float* a, const float* b, float* out, std::int64_t
       }
     }
   };
-  const std::int64_t flops = m * n * k;
+  // Only picks the thread count: a double cannot overflow where m * n * k could.
+  const double flops = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   const std::int64_t threads = flops < (1 << 22) ? 1 : std::min<std::int64_t>(hw, m);
   if (threads <= 1) {

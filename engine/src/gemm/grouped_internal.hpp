@@ -2,12 +2,15 @@
 // and the CUDA back end (gemm/cuda/grouped_cuda.cpp).
 #pragma once
 
+#include "internal_visibility.hpp"
+
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "qrecipe/gemm_grouped.hpp"
 
+QR_INTERNAL_BEGIN
 namespace qrecipe::detail {
 
 // Every group's operands and output as host-shaped GEMM arguments: what the per-group loop
@@ -40,3 +43,4 @@ GroupedGemmPlan gemm_grouped_cuda(const GroupedOperand& a, const GroupedOperand&
 #endif
 
 }  // namespace qrecipe::detail
+QR_INTERNAL_END

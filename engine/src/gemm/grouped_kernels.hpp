@@ -14,20 +14,23 @@
 //                    pair after one grouped decode to BF16)
 #pragma once
 
+#include "internal_visibility.hpp"
+
 #include <cstdint>
 
 #include "qrecipe/dtype.hpp"
 #include "qrecipe/gemm.hpp"
 
+QR_INTERNAL_BEGIN
 namespace qrecipe::detail {
 
 enum class GroupedKernel : std::int32_t {
   none = -1,
   fp8_e4m3_e4m3_fast = 0,  // fprop: e4m3 x e4m3, fast accumulation
   fp8_e4m3_e4m3 = 1,       // dgrad/wgrad of an all-E4M3 recipe: split accumulation
-  fp8_e5m2_e4m3 = 2,       // dgrad/wgrad with E5M2 gradients (TE's HYBRID): split accumulation
-  block_1x128_128x128 = 3, // fprop and dgrad of blockwise (activations x weights)
-  block_1x128_1x128 = 4,   // wgrad of blockwise (gradients x activations)
+  fp8_e5m2_e4m3 = 2,       // dgrad/wgrad with E5M2 gradients x E4M3 operands: split accumulation
+  block_1x128_128x128 = 3, // FP32 1x128 x 128x128 block scales: fprop, dgrad (activations x weights)
+  block_1x128_1x128 = 4,   // FP32 1x128 x 1x128 block scales: wgrad (gradients x activations)
   bf16 = 5,                // BF16 x BF16 (format none, emulated pairs after their decode)
 };
 inline constexpr int kGroupedKernels = 6;
@@ -46,3 +49,4 @@ const char* grouped_kernel_name(GroupedKernel kernel);  // "CUTLASS grouped FP8 
 GroupedKernel native_grouped_kernel(GemmKind kind, const OperandTraits& a, const OperandTraits& b);
 
 }  // namespace qrecipe::detail
+QR_INTERNAL_END

@@ -3,7 +3,7 @@
 // table (gemm/pairing.cpp): no format names.
 //
 // On sm90 with the grouped kernels built (gemm/grouped_kernels.hpp):
-//   native   per-tensor FP8 pairs and blockwise 1x128 x 128x128 / 1x128 x 1x128, K-major, with
+//   native   per-tensor FP8 pairs and FP32 block-scaled 1x128 x 128x128 / 1x128 x 1x128, K-major, with
 //            a kernel for the output dtype;
 //   emulated every other pair whose operands the grouped decoder writes exactly to BF16 (the
 //            dense emulation's decodes, gemm.md), then the BF16 grouped kernel; the per-tensor
@@ -101,7 +101,7 @@ bool decodable(const OperandTraits& t) {
   return false;
 }
 
-bool is_blockwise_fp32(const OperandTraits& t) {
+bool is_block_scaled_f32(const OperandTraits& t) {
   return t.scale_mode == QR_SCALE_BLOCK && t.scale_dtype == QR_DTYPE_F32 &&
          t.data_dtype == QR_DTYPE_E4M3 && t.block_inner == 128 &&
          (t.block_outer == 1 || t.block_outer == 128);
@@ -121,7 +121,7 @@ GroupedKernel detail::native_grouped_kernel(GemmKind kind, const OperandTraits& 
     return a.data_dtype == QR_DTYPE_E4M3 ? GroupedKernel::fp8_e4m3_e4m3
                                          : GroupedKernel::fp8_e5m2_e4m3;
   }
-  if (is_blockwise_fp32(a) && is_blockwise_fp32(b) && a.block_outer == 1)
+  if (is_block_scaled_f32(a) && is_block_scaled_f32(b) && a.block_outer == 1)
     return b.block_outer == 128 ? GroupedKernel::block_1x128_128x128
                                 : GroupedKernel::block_1x128_1x128;
   return GroupedKernel::none;

@@ -1,5 +1,6 @@
 // Engine::plan_linear: the quantizers of a linear layer's three roles and how each of its three
 // GEMMs (fprop, dgrad, wgrad) runs on a target, from the operands' traits (gemm/pairing.cpp).
+#include "qrecipe/checked.hpp"
 #include "qrecipe/engine.hpp"
 #include "qrecipe/gemm.hpp"
 
@@ -28,6 +29,10 @@ LinearPlan Engine::plan_linear(const std::string& module_type, const std::string
   QR_CHECK(in_features > 0 && out_features > 0 && tokens > 0, "linear ", name, ": in_features ",
            in_features, ", out_features ", out_features, " and tokens ", tokens,
            " must all be positive");
+  // x [tokens, in], W [out, in], dy [tokens, out]: each must be countable.
+  checked_mul(tokens, in_features, "linear " + name + ": input [tokens x in_features]");
+  checked_mul(out_features, in_features, "linear " + name + ": weight [out_features x in_features]");
+  checked_mul(tokens, out_features, "linear " + name + ": grad_output [tokens x out_features]");
   LinearPlan p;
   p.input = {module_type, "input", name};
   p.weight = {module_type, "weight", name};

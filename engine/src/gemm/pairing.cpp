@@ -1,4 +1,4 @@
-// The pairing table of DESIGN.md section 6: which (operand, operand, device) GEMMs run natively.
+// The pairing table (docs/gemm.md, "Paths"): which (operand, operand, device) GEMMs run natively.
 //
 // Keyed by what the operands are (data dtype, scale mode and dtype, block shape along the output
 // and the contraction, K-major or not), never by format names, so a new plugin whose layout
@@ -72,7 +72,8 @@ namespace {
 
 bool is_fp8(qr_dtype t) { return t == QR_DTYPE_E4M3 || t == QR_DTYPE_E5M2; }
 bool is_high_precision(const OperandTraits& t) { return t.scale_mode == QR_SCALE_NONE; }
-bool is_blockwise_fp32(const OperandTraits& t) {
+// E4M3 with FP32 scales per 1x128 or 128x128 block: cuBLASLt's block-scaled FP8 GEMM on Hopper.
+bool is_fp32_block_scaled_e4m3(const OperandTraits& t) {
   return t.scale_mode == QR_SCALE_BLOCK && t.scale_dtype == QR_DTYPE_F32 &&
          t.data_dtype == QR_DTYPE_E4M3 && t.block_inner == 128 &&
          (t.block_outer == 1 || t.block_outer == 128);
@@ -111,7 +112,7 @@ GemmPlan plan_gemm(GemmKind kind, const OperandTraits& a, const OperandTraits& b
             std::string("cuBLASLt FP8 ") + a.str() + " x " + b.str() +
                 (fast ? ", fast accumulation" : ", split accumulation")};
   }
-  if (is_blockwise_fp32(a) && is_blockwise_fp32(b)) {
+  if (is_fp32_block_scaled_e4m3(a) && is_fp32_block_scaled_e4m3(b)) {
     if (a.block_outer == 128 && b.block_outer == 128)
       return emulated("cuBLASLt has no 128x128 x 128x128 block-scaled GEMM");
     return {GemmPlan::Path::native, false,
@@ -120,7 +121,8 @@ GemmPlan plan_gemm(GemmKind kind, const OperandTraits& a, const OperandTraits& b
   }
   if (a.scale_dtype == QR_DTYPE_E8M0 || b.scale_dtype == QR_DTYPE_E8M0 ||
       a.data_dtype == QR_DTYPE_E2M1 || b.data_dtype == QR_DTYPE_E2M1)
-    return emulated("Hopper has no MXFP8/NVFP4 tensor cores: " + a.str() + " x " + b.str() +
+    return emulated("Hopper has no tensor cores for E8M0-scaled or E2M1 operands: " + a.str() +
+                    " x " + b.str() +
                     " decoded to BF16");
   return emulated("no native pairing for " + a.str() + " x " + b.str());
 }

@@ -1,4 +1,4 @@
-// Name globs of recipe rules and RuleMatch (recipe.hpp, DESIGN.md section 5): `*`, `?` and
+// Name globs of recipe rules and RuleMatch (recipe.hpp, docs/recipes.md): `*`, `?` and
 // `[...]` classes as in shells, over the whole dotted module name.
 #include <algorithm>
 #include <string>

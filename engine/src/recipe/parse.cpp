@@ -1,4 +1,4 @@
-// The recipe parser (DESIGN.md section 5): YAML text -> rules and untyped quantizer specs,
+// The recipe parser (docs/recipes.md): YAML text -> rules and untyped quantizer specs,
 // every structural problem collected with its file:line:column and key path. Option values
 // stay scalar text here; validate.cpp types them against the plugins' schemas.
 //
@@ -20,7 +20,8 @@ namespace qrecipe::recipe_internal {
 namespace {
 
 constexpr std::string_view kTopLevelKeys[] = {"version", "name", "description", "defaults",
-                                              "rules"};
+                                              "rules", "telemetry"};
+constexpr std::string_view kTelemetryKeys[] = {"every", "roles"};
 constexpr std::string_view kRuleKeys[] = {"match", "quantizer", "factory"};
 constexpr std::string_view kMatchKeys[] = {"module_type", "tensor_type", "name"};
 
@@ -28,12 +29,15 @@ std::string describe_node(const YAML::Node& node) {
   switch (node.Type()) {
     case YAML::NodeType::Map: return "a map";
     case YAML::NodeType::Sequence: return "a list";
-    case YAML::NodeType::Scalar: return "'" + node.Scalar() + "'";
+    case YAML::NodeType::Scalar: return quoted(node.Scalar());
     case YAML::NodeType::Null: return "nothing (null)";
     default: return "an undefined node";
   }
 }
 
+
+// Thrown by Parser::fail at kMaxProblems problems: the walk stops there.
+struct TooManyProblems {};
 
 class Parser {
  public:
@@ -63,6 +67,8 @@ class Parser {
                        out.defaults = spec(value, path);
                      } else if (key == "rules") {
                        out.rules = rules(value, path);
+                     } else if (key == "telemetry") {
+                       out.telemetry = telemetry(value, path);
                      }
                    });
     if (!has_version)
@@ -86,6 +92,7 @@ class Parser {
  private:
   void fail(const YAML::Node& node, std::string path, std::string what) {
     problems_.push_back({at(node), std::move(path), std::move(what)});
+    if (problems_.size() >= kMaxProblems) throw TooManyProblems{};
   }
 
   // Calls fn(key, value, key_path) for each entry of `map` whose key is a unique string and, if
@@ -104,13 +111,13 @@ class Parser {
       const std::string key = key_node.Scalar();
       const std::string key_path = child_path(path, key);
       if (!seen.insert(key).second) {
-        fail(key_node, key_path, "duplicate key '" + key + "'; keep only one");
+        fail(key_node, key_path, "duplicate key " + quoted(key) + "; keep only one");
         continue;
       }
       if (std::begin(allowed) != std::end(allowed) &&
           std::find(std::begin(allowed), std::end(allowed), key) == std::end(allowed)) {
         fail(key_node, key_path,
-             "unknown " + std::string(what_key) + " '" + key + "'; allowed keys: " +
+             "unknown " + std::string(what_key) + " " + quoted(key) + "; allowed keys: " +
                  join(allowed) + did_you_mean(key, allowed));
         continue;
       }
@@ -135,13 +142,57 @@ class Parser {
     int value = 0;
     const auto result = std::from_chars(text.data(), text.data() + text.size(), value);
     if (result.ec != std::errc() || result.ptr != text.data() + text.size()) {
-      fail(node, path, "expected an integer, got '" + text + "'; " + supported);
+      fail(node, path, "expected an integer, got " + quoted(text) + "; " + supported);
       return kRecipeVersion;
     }
     if (value != kRecipeVersion)
-      fail(node, path, "recipe version " + text + " is not supported; " + supported +
+      fail(node, path, "recipe version " + printable(text) + " is not supported; " + supported +
                            " (use a newer qrecipe, or write the recipe in version " +
                            std::to_string(kRecipeVersion) + ")");
+    return value;
+  }
+
+  // `telemetry: {every: N, roles: [glob, ...]}`: N a positive integer (required), roles
+  // globs on "module_type:tensor_type@name" (optional: every role).
+  TelemetrySettings telemetry(const YAML::Node& node, const std::string& path) {
+    TelemetrySettings out;
+    out.location = at(node);
+    if (!node.IsMap()) {
+      fail(node, path, "expected a map {every: N, roles: [glob, ...]}, got " +
+                           describe_node(node));
+      return out;
+    }
+    bool has_every = false;
+    for_each_entry(node, path, kTelemetryKeys, "telemetry key",
+                   [&](const std::string& key, const YAML::Node& value, const std::string& key_path) {
+                     if (key == "every") {
+                       has_every = true;
+                       out.every = every(value, key_path);
+                     } else if (key == "roles") {
+                       out.roles = globs(value, key_path);
+                     }
+                   });
+    if (!has_every)
+      fail(node, path, "missing key 'every': how often to gather the statistics (`every: 1` for "
+                       "every quantization, `every: 100` for every 100th of each role)");
+    return out;
+  }
+
+  int every(const YAML::Node& node, const std::string& path) {
+    const std::string expected = "expected a positive integer (1 to " +
+                                 std::to_string(kMaxTelemetryEvery) + ")";
+    if (!node.IsScalar()) {
+      fail(node, path, expected + ", got " + describe_node(node));
+      return 0;
+    }
+    const std::string& text = node.Scalar();
+    int value = 0;
+    const auto result = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (result.ec != std::errc() || result.ptr != text.data() + text.size() || value < 1 ||
+        value > kMaxTelemetryEvery) {
+      fail(node, path, expected + ", got " + quoted(text));
+      return 0;
+    }
     return value;
   }
 
@@ -187,7 +238,8 @@ class Parser {
       fail(node[std::string("factory")], child_path(path, "factory"),
            "a rule gives either 'quantizer' or 'factory', not both; keep one");
     else if (!has_quantizer && !has_factory)
-      fail(node, path, "missing required key 'quantizer', e.g. `quantizer: {format: float8}` "
+      fail(node, path, "missing required key 'quantizer', e.g. `quantizer: {format: <name>}` "
+                       "(`qrecipe plugins` lists the formats) or `quantizer: {format: none}` "
                        "(or `factory: package.module:function` to let a Python function decide)");
     return out;
   }
@@ -274,7 +326,7 @@ class Parser {
           std::end(kTensorTypes)) {
         const YAML::Node item = node.IsSequence() ? node[i] : node;
         fail(item, node.IsSequence() ? path + "[" + std::to_string(i) + "]" : path,
-             "unknown tensor_type '" + value + "'; allowed: " + join(kTensorTypes) +
+             "unknown tensor_type " + quoted(value) + "; allowed: " + join(kTensorTypes) +
                  did_you_mean(value, kTensorTypes));
       }
     }
@@ -288,7 +340,7 @@ class Parser {
       if (!why.empty())
         fail(node.IsSequence() ? node[i] : node,
              node.IsSequence() ? path + "[" + std::to_string(i) + "]" : path,
-             "bad name glob '" + out[i] + "': " + why);
+             "bad name glob " + quoted(out[i]) + ": " + why);
     }
     return out;
   }
@@ -298,7 +350,7 @@ class Parser {
     QuantizerSpec out;
     out.location = at(node);
     if (!node.IsMap()) {
-      fail(node, path, "a quantizer spec is a map with a 'format' key, e.g. {format: float8} "
+      fail(node, path, "a quantizer spec is a map with a 'format' key, e.g. {format: <name>} "
                        "or {format: none}; got " + describe_node(node));
       return out;
     }
@@ -312,8 +364,8 @@ class Parser {
                          out.format = value.Scalar();
                        } else {
                          has_format = true;  // reported here, not again as missing
-                         fail(value, key_path, "expected a format name (float8, ..., or none), "
-                                               "got " + describe_node(value));
+                         fail(value, key_path, "expected a format name (one `qrecipe plugins` "
+                                               "lists, or none), got " + describe_node(value));
                        }
                        return;
                      }
@@ -333,11 +385,12 @@ class Parser {
                      }
                    });
     if (!has_format) {
-      fail(node, path, "missing required key 'format' (a format name such as float8, or none)");
+      fail(node, path, "missing required key 'format' (a format name `qrecipe plugins` lists, "
+                       "or none)");
     } else if (out.is_none() && !out.options.empty()) {
       fail(node[out.options.front().first], child_path(path, out.options.front().first),
-           "format none keeps high precision and takes no options; remove '" +
-               out.options.front().first + "'");
+           "format none keeps high precision and takes no options; remove " +
+               quoted(out.options.front().first));
     }
     return out;
   }
@@ -349,13 +402,14 @@ class Parser {
 
 // Problems of a parse, thrown as one RecipeError: the first problem's location, then every
 // other problem on its own line, so one run shows them all.
-[[noreturn]] void throw_problems(const std::vector<Problem>& problems) {
+[[noreturn]] void throw_problems(const std::vector<Problem>& problems, bool stopped) {
   const Problem& first = problems.front();
   std::string message = first.text();
   if (problems.size() > 1) {
     for (std::size_t i = 1; i < problems.size(); ++i)
       message += "\n" + problems[i].location.str() + ": " + problems[i].text();
-    message += "\n(" + std::to_string(problems.size()) + " problems in all)";
+    message += "\n(" + std::to_string(problems.size()) + " problems" +
+               (stopped ? "; the parser stopped there, fix these first)" : " in all)");
   }
   throw RecipeError(first.location, message);
 }
@@ -365,12 +419,14 @@ class Parser {
 ParsedRecipe parse_recipe_text(const std::string& yaml_text, const std::string& source_name) {
   std::vector<YAML::Node> documents;
   try {
+    // Limits first: the nodes built below are walked, aliases expanded, by the parser.
+    check_yaml_limits(yaml_text, source_name);
     documents = YAML::LoadAll(yaml_text);
   } catch (const YAML::Exception& e) {
     // e.mark is 0-based; e.msg is the parser's message without the position prefix.
     SourceLocation where{source_name, 0, 0};
     if (!e.mark.is_null()) where = {source_name, e.mark.line + 1, e.mark.column + 1};
-    throw RecipeError(where, "YAML syntax error: " + e.msg);
+    throw RecipeError(where, "YAML syntax error: " + printable(e.msg));
   }
   if (documents.empty())
     throw RecipeError({source_name, 1, 1}, "the recipe is empty; a recipe needs at least "
@@ -380,8 +436,14 @@ ParsedRecipe parse_recipe_text(const std::string& yaml_text, const std::string& 
     throw RecipeError(parser.at(documents[1]),
                       "a recipe file holds one YAML document, found " +
                           std::to_string(documents.size()) + "; remove the extra '---'");
-  ParsedRecipe parsed = parser.recipe(documents.front());
-  if (!parser.problems().empty()) throw_problems(parser.problems());
+  ParsedRecipe parsed;
+  bool stopped = false;
+  try {
+    parsed = parser.recipe(documents.front());
+  } catch (const TooManyProblems&) {
+    stopped = true;
+  }
+  if (!parser.problems().empty()) throw_problems(parser.problems(), stopped);
   return parsed;
 }
 

@@ -1,10 +1,14 @@
-// Recipe (recipe.hpp, DESIGN.md section 5): loading, parsing and validating a recipe and
+// Recipe (recipe.hpp, docs/recipes.md): loading, parsing and validating a recipe and
 // resolving roles against its rules. The work is in parse.cpp, validate.cpp and glob.cpp
 // (internal.hpp says what they share).
 #include "qrecipe/recipe.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
-#include <cstdio>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -17,25 +21,74 @@ using recipe_internal::CheckedRecipe;
 using recipe_internal::more_problems;
 using recipe_internal::Problem;
 
-Recipe Recipe::load(const std::string& path) {
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (!file) {
+namespace {
+
+const char* file_type(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "a special file";
+}
+
+[[noreturn]] void refuse_file_type(const std::string& shown, mode_t mode) {
+  QR_THROW("recipe file ", shown, " is not a regular file (", file_type(mode),
+           "); a recipe is a YAML file");
+}
+
+[[noreturn]] void refuse_file_size(const std::string& shown, std::uint64_t bytes) {
+  QR_THROW("recipe file ", shown, " is ", bytes, " bytes, above the limit of ", kRecipeMaxBytes,
+           " bytes; a recipe needs a few kilobytes");
+}
+
+// The whole text of a recipe file: a regular file (decided by stat before opening, since
+// opening a FIFO for reading blocks until a writer comes and /dev/zero never ends) of at most
+// kRecipeMaxBytes, read through a descriptor opened without blocking.
+std::string read_recipe_file(const std::string& path) {
+  const std::string shown = recipe_internal::quoted(path);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
     const int err = errno;
-    QR_THROW("cannot open recipe file '", path, "': ", std::strerror(err),
+    QR_THROW("cannot open recipe file ", shown, ": ", std::strerror(err),
              "; check the path (relative paths start at the working directory)");
   }
+  if (!S_ISREG(st.st_mode)) refuse_file_type(shown, st.st_mode);
+  if (static_cast<std::uint64_t>(st.st_size) > kRecipeMaxBytes) refuse_file_size(shown, st.st_size);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    const int err = errno;
+    QR_THROW("cannot open recipe file ", shown, ": ", std::strerror(err),
+             "; check the path and its permissions");
+  }
   std::string text;
-  char buffer[1 << 14];
-  std::size_t got = 0;
-  while ((got = std::fread(buffer, 1, sizeof(buffer), file)) > 0) text.append(buffer, got);
-  const bool failed = std::ferror(file) != 0;
-  const int err = errno;
-  std::fclose(file);
-  if (failed)
-    QR_THROW("cannot read recipe file '", path, "': ", std::strerror(err),
+  int err = 0;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {  // replaced since the stat
+    ::close(fd);
+    refuse_file_type(shown, st.st_mode);
+  }
+  // One byte more than the limit tells a file that grew since the stat.
+  text.resize(kRecipeMaxBytes + 1);
+  std::size_t size = 0;
+  while (size < text.size()) {
+    const ssize_t got = ::read(fd, text.data() + size, text.size() - size);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) err = errno;
+    if (got <= 0) break;
+    size += static_cast<std::size_t>(got);
+  }
+  ::close(fd);
+  if (err != 0)
+    QR_THROW("cannot read recipe file ", shown, ": ", std::strerror(err),
              "; a recipe is a readable YAML file");
-  return parse(text, path);
+  if (size > kRecipeMaxBytes) refuse_file_size(shown, size);
+  text.resize(size);
+  return text;
 }
+
+}  // namespace
+
+Recipe Recipe::load(const std::string& path) { return parse(read_recipe_file(path), path); }
 
 Recipe Recipe::parse(const std::string& yaml_text, const std::string& source_name) {
   recipe_internal::ParsedRecipe parsed = recipe_internal::parse_recipe_text(yaml_text, source_name);
@@ -45,6 +98,7 @@ Recipe Recipe::parse(const std::string& yaml_text, const std::string& source_nam
   recipe.source_ = source_name;
   recipe.defaults_ = std::move(parsed.defaults);
   recipe.rules_ = std::move(parsed.rules);
+  recipe.telemetry_ = std::move(parsed.telemetry);
   return recipe;
 }
 

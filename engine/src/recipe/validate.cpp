@@ -1,8 +1,10 @@
-// The recipe validator (DESIGN.md section 5): each quantizer spec checked against the option
+// The recipe validator (docs/recipes.md): each quantizer spec checked against the option
 // schema of its format's plugin (keys, types, enum choices, bounds, nested specs), every
 // problem collected with its location, and a typed copy of each valid spec.
+#include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <utility>
 #include <optional>
 #include <set>
 #include <string>
@@ -65,6 +67,45 @@ std::optional<double> parse_float(std::string_view text) {
   return value;
 }
 
+// For decimal or scientific text that from_chars refused as out of range: "underflows a
+// double ..." or "overflows a double ...", from the text's decimal exponent (the position of
+// its first non-zero digit plus its exponent part); "" when the text is not such a number.
+std::string out_of_double_range(std::string_view text) {
+  const auto number = strip_plus(text);
+  if (!number || number->empty()) return "";
+  double ignored = 0;
+  const auto result = std::from_chars(number->data(), number->data() + number->size(), ignored,
+                                      std::chars_format::general);
+  if (result.ec != std::errc::result_out_of_range || result.ptr != number->data() + number->size())
+    return "";
+  std::string_view digits = *number;
+  if (!digits.empty() && digits.front() == '-') digits.remove_prefix(1);
+  const auto e = digits.find_first_of("eE");
+  long long exponent = 0;
+  if (e != std::string_view::npos) {
+    std::string_view exp_text = digits.substr(e + 1);
+    if (!exp_text.empty() && exp_text.front() == '+') exp_text.remove_prefix(1);
+    const auto r = std::from_chars(exp_text.data(), exp_text.data() + exp_text.size(), exponent);
+    if (r.ec == std::errc::result_out_of_range) exponent = exp_text.front() == '-' ? -100000 : 100000;
+    digits = digits.substr(0, e);
+  }
+  // Decimal exponent of the first non-zero digit: its position relative to the point.
+  const auto point = digits.find('.');
+  const auto integer_digits = static_cast<long long>(point == std::string_view::npos ? digits.size() : point);
+  long long position = 0;  // of the first non-zero digit, counting the point out
+  for (char c : digits) {
+    if (c == '.') continue;
+    if (c != '0') break;
+    ++position;
+  }
+  const long long magnitude = exponent + integer_digits - 1 - position;
+  if (magnitude < 0)
+    return "underflows a double (its magnitude is below 4.9e-324, the smallest one); write 0 or "
+           "a larger value";
+  return "overflows a double (its magnitude is above 1.8e308, the largest one); write a smaller "
+         "value";
+}
+
 bool bounded(const OptionSchema& schema) {
   return !(schema.min_value == 0 && schema.max_value == 0);
 }
@@ -93,8 +134,8 @@ class Validator {
              "format none keeps high precision and no scaling state to share; remove 'share'");
       if (!in.options.empty())
         fail(in.options.front().second.location, child_path(path, in.options.front().first),
-             "format none keeps high precision and takes no options; remove '" +
-                 in.options.front().first + "'");
+             "format none keeps high precision and takes no options; remove " +
+                 quoted(in.options.front().first));
       return out;
     }
     const auto plugin = registry_.find(in.format);
@@ -104,14 +145,14 @@ class Validator {
     }
     if (nested && plugin->takes_quantizers())
       fail(in.location, child_path(path, "format"),
-           "nesting a hybrid in a hybrid: format '" + in.format +
-               "' takes nested quantizers itself, so it cannot be one; use a single format "
-               "here (e.g. {format: float8})");
+           "a nested spec cannot nest again: format '" + in.format +
+               "' takes nested quantizers itself, so it cannot be one; use a format without "
+               "quantizer options here (" + nestable_formats() + ")");
     std::set<std::string> seen;
     for (const auto& [key, value] : in.options) {
       const std::string key_path = child_path(path, key);
       if (!seen.insert(key).second) {
-        fail(value.location, key_path, "option '" + key + "' is given twice; keep only one");
+        fail(value.location, key_path, "option " + quoted(key) + " is given twice; keep only one");
         continue;
       }
       if (key == kShareKey) {  // the engine's key, beside `format`: not the plugin's option
@@ -147,7 +188,7 @@ class Validator {
       fail(value.location, path, "expected the name of a shared scaling state (a string), got " +
                                      (value.type == QR_OPTION_QUANTIZER
                                           ? std::string("a nested quantizer spec (a map)")
-                                          : "'" + value.str() + "' (" +
+                                          : quoted(value.str()) + " (" +
                                                 option_type_name(value.type) + ")"));
       return std::nullopt;
     }
@@ -171,8 +212,17 @@ class Validator {
     return true;
   }
 
+  // "loaded: a, b" for the formats a nested spec may use (those without quantizer options).
+  std::string nestable_formats() const {
+    std::vector<std::string> names;
+    for (const auto& plugin : registry_.plugins())
+      if (!plugin->takes_quantizers()) names.push_back(plugin->name());
+    std::sort(names.begin(), names.end());
+    return names.empty() ? "no such format is loaded" : "loaded: " + join(names);
+  }
+
   std::string unknown_format(const std::string& format) const {
-    std::string message = "unknown format '" + format + "'; loaded formats: " +
+    std::string message = "unknown format " + quoted(format) + "; loaded formats: " +
                           registry_.loaded_names();
     std::vector<std::string> names;
     for (const auto& plugin : registry_.plugins()) names.push_back(plugin->name());
@@ -180,7 +230,7 @@ class Validator {
     if (!registry_.failures().empty()) {
       std::vector<std::string> failures;
       for (const auto& failure : registry_.failures())
-        failures.push_back(failure.path + ": " + failure.cause);
+        failures.push_back(printable(failure.path) + ": " + failure.cause);
       message += " (plugin load failures: " + join(failures, "; ") + ")";
     }
     return message + "; run `qrecipe plugins -v` to see where plugins are searched "
@@ -189,10 +239,10 @@ class Validator {
 
   static std::string unknown_option(const FormatPlugin& plugin, const std::string& key) {
     if (plugin.options().empty())
-      return "unknown option '" + key + "': format '" + plugin.name() + "' takes no options";
+      return "unknown option " + quoted(key) + ": format '" + plugin.name() + "' takes no options";
     std::vector<std::string> keys;
     for (const auto& schema : plugin.options()) keys.push_back(schema.key);
-    return "unknown option '" + key + "' for format '" + plugin.name() + "'; its options are: " +
+    return "unknown option " + quoted(key) + " for format '" + plugin.name() + "'; its options are: " +
            plugin.option_keys() + did_you_mean(key, keys);
   }
 
@@ -228,7 +278,15 @@ class Validator {
       case QR_OPTION_INT: out = to_int(schema, in, path, expected); break;
       case QR_OPTION_FLOAT: out = to_float(schema, in, path, expected); break;
       case QR_OPTION_ENUM: out = to_enum(schema, in, path); break;
-      default: out = OptionValue::of_string(in.string_value); break;
+      default:
+        // A plugin receives strings as C strings: a NUL byte would silently cut the value.
+        if (in.string_value.find('\0') != std::string::npos) {
+          fail(in.location, path, quoted(in.string_value) + " holds a NUL byte, which a "
+                                  "plugin cannot receive (its strings end at the first NUL)");
+          return std::nullopt;
+        }
+        out = OptionValue::of_string(in.string_value);
+        break;
     }
     if (out) out->location = in.location;
     return out;
@@ -240,7 +298,7 @@ class Validator {
       case QR_OPTION_INT: return "an integer";
       case QR_OPTION_FLOAT: return "a number";
       case QR_OPTION_ENUM: return "one of " + join(schema.choices);
-      case QR_OPTION_QUANTIZER: return "a nested quantizer spec such as {format: float8}";
+      case QR_OPTION_QUANTIZER: return "a nested quantizer spec such as {format: <name>, ...}";
       default: return "a string";
     }
   }
@@ -248,16 +306,16 @@ class Validator {
   static std::string got(const OptionValue& in) {
     if (in.type == QR_OPTION_QUANTIZER) return "a nested quantizer spec";
     if (in.type == QR_OPTION_STRING || in.type == QR_OPTION_ENUM)
-      return "'" + in.string_value + "'";
-    return "'" + in.str() + "' (" + option_type_name(in.type) + ")";
+      return quoted(in.string_value);
+    return quoted(in.str()) + " (" + option_type_name(in.type) + ")";
   }
 
   std::optional<OptionValue> to_bool(const OptionValue& in, const std::string& path,
                                      const std::string& expected) {
     if (in.type == QR_OPTION_BOOL) return OptionValue::of_bool(in.bool_value);
     if (auto value = parse_bool(in.string_value)) return OptionValue::of_bool(*value);
-    fail(in.location, path, expected + ", got '" + in.string_value +
-                                "' (yes/no and on/off are accepted too, in any case)" +
+    fail(in.location, path, expected + ", got " + quoted(in.string_value) +
+                                " (yes/no and on/off are accepted too, in any case)" +
                                 did_you_mean(in.string_value, std::vector<std::string>{
                                                                   "true", "false"}));
     return std::nullopt;
@@ -271,9 +329,9 @@ class Validator {
       const auto parsed = parse_int(in.string_value, overflow);
       if (!parsed) {
         fail(in.location, path,
-             overflow ? "integer '" + in.string_value + "' does not fit in 64 bits"
-                      : expected + " (decimal digits, no fraction or exponent), got '" +
-                            in.string_value + "'");
+             overflow ? "integer " + quoted(in.string_value) + " does not fit in 64 bits"
+                      : expected + " (decimal digits, no fraction or exponent), got " +
+                            quoted(in.string_value));
         return std::nullopt;
       }
       value = *parsed;
@@ -296,9 +354,12 @@ class Validator {
       value = static_cast<double>(in.int_value);
     } else if (auto parsed = parse_float(in.string_value)) {
       value = *parsed;
+    } else if (const std::string range = out_of_double_range(in.string_value); !range.empty()) {
+      fail(in.location, path, quoted(in.string_value) + " " + range);
+      return std::nullopt;
     } else {
-      fail(in.location, path, expected + " (such as 0, 1.5 or 1e-6), got '" + in.string_value +
-                                  "'");
+      fail(in.location, path, expected + " (such as 0, 1.5 or 1e-6), got " +
+                                  quoted(in.string_value));
       return std::nullopt;
     }
     if (!std::isfinite(value)) {
@@ -318,7 +379,7 @@ class Validator {
     const auto& choices = schema.choices;
     if (std::find(choices.begin(), choices.end(), in.string_value) != choices.end())
       return OptionValue::of_enum(in.string_value);
-    fail(in.location, path, "'" + in.string_value + "' is not a valid " + schema.key +
+    fail(in.location, path, quoted(in.string_value) + " is not a valid " + schema.key +
                                 "; choose one of: " + join(choices) +
                                 did_you_mean(in.string_value, choices));
     return std::nullopt;
@@ -335,16 +396,41 @@ class Validator {
 CheckedRecipe check_recipe(const Recipe& recipe, const Registry& registry) {
   Validator validator(registry);
   CheckedRecipe out;
+  // Pass 1, the schema; the specs that pass it go on to pass 2 (pointers into `out`, which
+  // is not resized after the reserve).
+  std::vector<SpecToResolve> to_resolve;
+  std::size_t before = validator.problems().size();
   out.defaults = validator.spec(recipe.defaults(), "defaults", false);
+  if (validator.problems().size() == before) to_resolve.push_back({&out.defaults, nullptr, "defaults"});
+  out.rule_quantizers.reserve(recipe.rules().size());
   for (std::size_t i = 0; i < recipe.rules().size(); ++i) {
     const RecipeRule& rule = recipe.rules()[i];
-    // A delegating rule has no spec yet: the engine validates what its factory returns.
-    out.rule_quantizers.push_back(
-        rule.delegates() ? rule.quantizer
-                         : validator.spec(rule.quantizer,
-                                          "rules[" + std::to_string(i) + "].quantizer", false));
+    // A delegating rule has no spec yet: the engine validates (and makes) what its factory
+    // returns, when a role asks.
+    if (rule.delegates()) {
+      out.rule_quantizers.push_back(rule.quantizer);
+      continue;
+    }
+    const std::string path = "rules[" + std::to_string(i) + "].quantizer";
+    before = validator.problems().size();
+    out.rule_quantizers.push_back(validator.spec(rule.quantizer, path, false));
+    if (validator.problems().size() == before)
+      to_resolve.push_back({&out.rule_quantizers.back(), &rule.match, path});
   }
   out.problems = std::move(validator.problems());
+  // Pass 2: each valid spec made into a quantizer by its plugin.
+  if (out.problems.size() < kMaxProblems)
+    for (Problem& p : resolve_problems(to_resolve, registry)) out.problems.push_back(std::move(p));
+  std::stable_sort(out.problems.begin(), out.problems.end(), [](const Problem& a, const Problem& b) {
+    return std::pair(a.location.line, a.location.column) < std::pair(b.location.line, b.location.column);
+  });
+  if (out.problems.size() > kMaxProblems) {
+    const std::size_t dropped = out.problems.size() - (kMaxProblems - 1);
+    out.problems.resize(kMaxProblems - 1);
+    out.problems.push_back({out.problems.back().location, "",
+                            "... and " + std::to_string(dropped) + " more problems, not shown; "
+                            "fix these first"});
+  }
   return out;
 }
 

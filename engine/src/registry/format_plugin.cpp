@@ -1,9 +1,12 @@
 // FormatPlugin: copies what the engine needs out of a plugin's C descriptor.
 #include "qrecipe/format_plugin.hpp"
 
+#include <cfloat>
+#include <cstddef>
 #include <sstream>
 
 #include "qrecipe/error.hpp"
+#include "registry/option_table.hpp"
 
 namespace qrecipe {
 
@@ -45,6 +48,7 @@ FormatPlugin::FormatPlugin(std::string path, const qr_plugin_descriptor* d)
     : path_(std::move(path)), descriptor_(d) {
   QR_CHECK(d != nullptr, "plugin ", path_, " returned a null descriptor");
   QR_CHECK(d->name && *d->name, "plugin ", path_, " has no format name in its descriptor");
+  registry_internal::check_format_name(d->name);
   name_ = d->name;
   version_ = str_or_empty(d->version);
   description_ = str_or_empty(d->description);
@@ -66,25 +70,26 @@ FormatPlugin::FormatPlugin(std::string path, const qr_plugin_descriptor* d)
              "plugin ", path_, " (format '", name_, "') provides only one of the extras ",
              QR_EXTRA_GROUPED_DEVICE_SIZES, " and ", QR_EXTRA_QUANTIZE_GROUPED_DEVICE,
              "; plugin_abi.h requires both or neither");
+    adam_requantize_ =
+        reinterpret_cast<qr_adam_requantize_fn>(d->get_proc_address(QR_EXTRA_ADAM_REQUANTIZE));
+    adam_requantize_supports_ = reinterpret_cast<qr_adam_requantize_supports_fn>(
+        d->get_proc_address(QR_EXTRA_ADAM_REQUANTIZE_SUPPORTS));
+    // The two come as a pair: a plugin with one of them only is served by the host path.
+    if (adam_requantize_ == nullptr || adam_requantize_supports_ == nullptr) {
+      adam_requantize_ = nullptr;
+      adam_requantize_supports_ = nullptr;
+    }
   }
-  QR_CHECK(d->num_options == 0 || d->options != nullptr, "plugin ", path_, " declares ",
-           d->num_options, " options but no option table");
-  for (std::uint32_t i = 0; i < d->num_options; ++i) {
-    const qr_option_schema& o = d->options[i];
-    QR_CHECK(o.struct_size >= sizeof(qr_option_schema), "plugin ", path_, " option ", i,
-             " has struct_size ", o.struct_size, ", expected at least ", sizeof(qr_option_schema));
-    QR_CHECK(o.key && *o.key, "plugin ", path_, " option ", i, " has no key");
-    OptionSchema s;
-    s.key = o.key;
-    s.type = static_cast<qr_option_type>(o.type);
-    s.default_value = str_or_empty(o.default_value);
-    for (std::uint32_t c = 0; c < o.num_choices; ++c) s.choices.push_back(str_or_empty(o.choices[c]));
-    s.min_value = o.min_value;
-    s.max_value = o.max_value;
-    s.help = str_or_empty(o.help);
-    s.required = o.required != 0;
-    options_.push_back(std::move(s));
+  // Fields appended after v1: read only when the plugin's descriptor reaches them.
+  if (d->struct_size >= offsetof(qr_plugin_descriptor, tensor_scale_numerator) + sizeof(float)) {
+    const float n = d->tensor_scale_numerator;
+    QR_CHECK(n == 0.0f || (n > 0.0f && n <= FLT_MAX), "plugin ", path_, " (format '", name_,
+             "') declares tensor_scale_numerator ", n, " in its descriptor; expected 0 (no "
+             "per-tensor decode factor) or a finite positive number (plugin_abi.h)");
+    tensor_scale_numerator_ = n;
   }
+  // Validated before anything reads it (a NULL choices array, an out-of-range type).
+  options_ = registry_internal::read_option_table(d->options, d->num_options);
 }
 
 std::string FormatPlugin::devices_str() const {

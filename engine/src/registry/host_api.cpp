@@ -88,7 +88,8 @@ qr_status host_scaling_state_move(qr_host_context* ctx, qr_scaling_state* state,
   });
 }
 
-// A quantizer the host made on behalf of a plugin (the hybrid format's halves).
+// A quantizer the host made on behalf of a plugin (the sub-quantizers of a format built from
+// other formats).
 struct HostQuantizer {
   std::shared_ptr<Quantizer> quantizer;
 };
@@ -215,6 +216,18 @@ void host_scratch_free(qr_host_context* ctx, void* ptr, std::size_t bytes, qr_de
     Engine::from_host_context(ctx)->allocator()->deallocate(ptr, bytes, d);
 }
 
+// The extra `name` of the plugin behind a host-made quantizer, and that quantizer's own handle.
+qr_status host_quantizer_extra(qr_host_quantizer* q, const char* name, void** fn,
+                               qr_quantizer** inner) noexcept {
+  return host_guard([&] {
+    QR_CHECK(name && fn && inner, "quantizer_extra called with null arguments");
+    Quantizer& quantizer = unwrap(q);
+    const auto& c = quantizer.plugin().c();
+    *fn = c.get_proc_address ? c.get_proc_address(name) : nullptr;
+    *inner = quantizer.handle();
+  });
+}
+
 const qr_host_api kHostApi = {
     sizeof(qr_host_api),
     QR_PLUGIN_ABI_VERSION,
@@ -235,6 +248,7 @@ const qr_host_api kHostApi = {
     &host_scaling_state_move,
     &host_scratch_alloc,
     &host_scratch_free,
+    &host_quantizer_extra,
 };
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <boost/dll/shared_library.hpp>
 
 #include "qrecipe/error.hpp"
+#include "registry/plugin_file.hpp"
 
 #ifndef QRECIPE_INSTALL_PLUGIN_DIR
 #define QRECIPE_INSTALL_PLUGIN_DIR ""
@@ -46,15 +47,19 @@ std::vector<std::string> split_colon(const std::string& s) {
   return parts;
 }
 
-// Boost.DLL puts the dynamic loader's message in its exception text
-// ("... (dlerror system message: <text>)"); keep just the loader's words.
+// Boost.DLL puts the dynamic loader's message in its exception text, then the errno of the
+// failed call: "boost::dll::shared_library::load() failed (dlerror system message: <text>):
+// <strerror>". Keep just the loader's words: the errno is whatever dlopen left behind ("Bad
+// file descriptor" for an empty file), not the cause.
 std::string loader_message(const std::string& what) {
-  const std::string marker = "dlerror system message: ";
+  const std::string marker = "(dlerror system message: ";
   const auto pos = what.find(marker);
-  if (pos == std::string::npos) return what;
+  if (pos == std::string::npos) return printable(what);
   std::string msg = what.substr(pos + marker.size());
-  if (!msg.empty() && msg.back() == ')') msg.pop_back();
-  return msg;
+  // The loader's text may hold parentheses itself: its end is the last ')' of the text.
+  const auto end = msg.rfind(')');
+  if (end != std::string::npos) msg.resize(end);
+  return printable(msg);
 }
 
 std::string explain_dlopen_failure(const std::string& path, const std::string& loader) {
@@ -110,11 +115,8 @@ Registry::Registry(RegistryOptions options) {
 void Registry::scan(const SearchEntry& entry) {
   std::error_code ec;
   const fs::path p(entry.path);
-  if (fs::is_regular_file(p, ec)) {
-    load_file(p.string());
-    return;
-  }
-  if (!fs::is_directory(p, ec)) {
+  const fs::file_status status = fs::status(p, ec);
+  if (!fs::exists(status)) {
     // An explicitly given path that does not exist is a mistake worth reporting; the default
     // install dir not existing (not installed) is normal.
     if (entry.origin == "api" || entry.origin == "QRECIPE_PLUGIN_PATH")
@@ -122,9 +124,20 @@ void Registry::scan(const SearchEntry& entry) {
                                            "); fix the path or remove it"});
     return;
   }
+  if (!fs::is_directory(status)) {
+    load_file(p.string());  // a file given by name: load_file says what is wrong with it
+    return;
+  }
+  // An unreadable directory is reported, never skipped silently: its plugins would be missing
+  // without a word. Names are only listed here; load_file checks what each one is.
   std::vector<fs::path> files;
-  for (const auto& f : fs::directory_iterator(p, ec))
-    if (is_plugin_file_name(f.path().filename().string())) files.push_back(f.path());
+  fs::directory_iterator it(p, ec);
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec))
+    if (is_plugin_file_name(it->path().filename().string())) files.push_back(it->path());
+  if (ec)
+    failures_.push_back({entry.path, "cannot read the directory (from " + entry.origin + "): " +
+                                         ec.message() + "; fix its permissions or remove it "
+                                         "from the plugin path"});
   std::sort(files.begin(), files.end());  // deterministic order within a directory
   for (const auto& f : files) load_file(f.string());
 }
@@ -140,6 +153,11 @@ std::shared_ptr<const FormatPlugin> Registry::load_file(const std::string& path)
   const std::string canonical = fs::weakly_canonical(p, ec).string();
   for (const auto& plugin : plugins_)
     if (fs::weakly_canonical(plugin->path(), ec).string() == canonical) return plugin;  // seen
+
+  // The loader trusts the file: a FIFO blocks dlopen forever and a truncated ELF file dies of
+  // SIGBUS inside it. Check what it is first (registry/plugin_file.hpp).
+  if (const std::string problem = registry_internal::plugin_file_problem(canonical); !problem.empty())
+    return fail(problem);
 
   auto library = std::make_shared<boost::dll::shared_library>();
   try {
@@ -163,6 +181,10 @@ std::shared_ptr<const FormatPlugin> Registry::load_file(const std::string& path)
   auto& entry = library->get<std::remove_pointer_t<qr_plugin_entry_fn>>(QR_PLUGIN_ENTRY_SYMBOL);
   const qr_plugin_descriptor* d = nullptr;
   try {
+    // One entry call at a time in the process: registries built on several threads load the
+    // same plugins, and an entry (the SDK's records the host table) need not be reentrant.
+    static std::mutex entry_mutex;
+    const std::lock_guard<std::mutex> lock(entry_mutex);
     d = entry(host_api());
   } catch (...) {
     // A C entry point must not throw; if a C++ one does anyway, report it instead of dying.
@@ -177,10 +199,13 @@ std::shared_ptr<const FormatPlugin> Registry::load_file(const std::string& path)
        << QR_PLUGIN_ABI_VERSION << "; rebuild the plugin";
     return fail(os.str());
   }
-  if (d->struct_size < sizeof(qr_plugin_descriptor)) {
+  // The released v1 size, not sizeof: a plugin built before the fields appended since then
+  // (plugin_abi.h) still loads, and FormatPlugin reads those fields only where struct_size
+  // reaches them.
+  if (d->struct_size < QR_PLUGIN_DESCRIPTOR_SIZE_V1) {
     std::ostringstream os;
     os << "descriptor struct_size " << d->struct_size << " is smaller than the "
-       << sizeof(qr_plugin_descriptor) << " bytes ABI version " << QR_PLUGIN_ABI_VERSION
+       << QR_PLUGIN_DESCRIPTOR_SIZE_V1 << " bytes ABI version " << QR_PLUGIN_ABI_VERSION
        << " requires; rebuild the plugin";
     return fail(os.str());
   }

@@ -2,8 +2,10 @@
 // devices, read and written for checkpoints, and updated once per step on the CPU or by one
 // CUDA launch per device, scaling/scaling_cuda.cu).
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <map>
+#include <string>
 #include <sstream>
 #include <vector>
 
@@ -105,7 +107,7 @@ qr_scaling_state Engine::acquire_scaling_state(const qr_scaling_request& request
   s->history = Buffer(allocator, n * sizeof(float), device);  // zero-filled
   s->scale = Buffer(allocator, sizeof(float), device);
   s->scale_inv = Buffer(allocator, sizeof(float), device);
-  const float one = 1.0f;  // DESIGN: history zeros, scale 1.0
+  const float one = 1.0f;  // a new state: history zeros, scale 1.0 (docs/numerics.md)
   if (device.is_cpu()) {
     *static_cast<float*>(s->scale.data()) = one;
     *static_cast<float*>(s->scale_inv.data()) = one;
@@ -217,14 +219,42 @@ Engine::ScalingValues Engine::scaling_values(std::size_t index) const {
   return v;
 }
 
-void Engine::set_scaling_values(std::size_t index, const ScalingValues& values) {
+namespace {
+// Shortest text that reads back as the same float ("0.33333334", "nan", "-2").
+std::string float_str(float v) {
+  char buffer[32];
+  const auto result = std::to_chars(buffer, buffer + sizeof buffer, v);
+  return std::string(buffer, result.ptr);
+}
+}  // namespace
+
+void Engine::check_scaling_values(std::size_t index, const ScalingValues& values) const {
   QR_CHECK(index < states_.size(), "scaling state ", index, " does not exist; this engine has ",
            states_.size());
-  ScalingState& s = *states_[index];
+  const ScalingState& s = *states_[index];
   const auto n = static_cast<std::size_t>(s.c.history_len);
   QR_CHECK(values.amax_history.size() == n, "scaling state of ", s.owner,
            " has an amax history of ", n, " steps, the values to load have ",
            values.amax_history.size(), "; load a checkpoint made with the same amax_history_len");
+  const std::string who = "scaling state of '" + s.owner + "'";
+  const char* corrupt = "; the checkpoint is corrupt (load it without its scaling state, "
+                        "qrecipe.drop_scaling_states in Python, to start scaling afresh)";
+  QR_CHECK(std::isfinite(values.scale) && values.scale > 0.0f, who, ": scale is ",
+           float_str(values.scale), "; a scale is a finite number > 0", corrupt);
+  const float reciprocal = 1.0f / values.scale;
+  QR_CHECK(values.scale_inv == reciprocal, who, ": scale_inv is ", float_str(values.scale_inv),
+           " but 1/scale is ", float_str(reciprocal), " (scale_inv is always the float "
+           "reciprocal of scale)", corrupt);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float a = values.amax_history[i];
+    QR_CHECK(!std::isnan(a) && a >= 0.0f, who, ": amax_history[", i, "] is ", float_str(a),
+             "; an amax is >= 0 and not NaN", corrupt);
+  }
+}
+
+void Engine::set_scaling_values(std::size_t index, const ScalingValues& values) {
+  check_scaling_values(index, values);
+  ScalingState& s = *states_[index];
   write_values(s, values);
   // The other members of a shared state take the same history and scale, and a row 0 of 0, so
   // the group's row 0 (their max) is the loaded one whichever members are loaded.

@@ -1,12 +1,15 @@
 // The delayed-scaling update of every CUDA-resident scaling state of one device in a single
-// kernel launch (DESIGN.md section 7; the arithmetic is delayed_scaling_update of scaling.hpp,
-// the same function the CPU path runs). Built only with CUDA.
+// kernel launch (docs/numerics.md, delayed scaling; the arithmetic is delayed_scaling_update of
+// scaling.hpp, the same function the CPU path runs). Built only with CUDA.
 #pragma once
+
+#include "internal_visibility.hpp"
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+QR_INTERNAL_BEGIN
 namespace qrecipe::detail {
 
 struct DeviceScalingUpdate {
@@ -25,7 +28,8 @@ struct DeviceScalingUpdate {
 // changes (states added or moved, or caller-reduced amaxes), so the usual step — every state
 // with its own row 0 — is one kernel launch on the caller's stream: no allocation, no copy,
 // no host synchronization. Owns its device buffer (freed in the destructor).
-class DeviceScalingTable {
+// QR_INTERNAL: engine.hpp declares it first (internal_visibility.hpp).
+class QR_INTERNAL DeviceScalingTable {
  public:
   explicit DeviceScalingTable(int device) : device_(device) {}
   ~DeviceScalingTable();
@@ -56,3 +60,4 @@ class DeviceScalingTable {
 };
 
 }  // namespace qrecipe::detail
+QR_INTERNAL_END

@@ -23,13 +23,14 @@ import torch.nn.functional as F
 
 from .. import autocasting as _autocast
 from .. import recomputation as _recompute
+from .. import telemetry as _telemetry
 from .._engine import _C
 from ..quantization import SUPPORTED_DTYPES
 from ..quantized_param import QuantizedWeight
 from ..recipe import Recipe, as_recipe
 from .input_sharing import share_key
 from .linear_function import quantized_linear
-from .linear_gemms import LinearRoles
+from .linear_gemms import LinearRoles, refuse_graph_capture
 from .module_state import ScalingStateMixin
 
 _ROLE_TYPES = ("input", "weight", "grad_output")
@@ -159,6 +160,8 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
         # Linears reading the same input under this stateless spec share its quantization.
         roles.plan["input_share"] = share_key(roles.input)
         per_recipe[gemm] = roles
+        _telemetry.note_quantizers((roles.input, roles.weight, roles.grad_output),
+                                   recipe.telemetry)
         return roles
 
     def resolve_roles(self, recipe: Recipe) -> Dict[str, LinearRoles]:
@@ -239,6 +242,8 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
         roles = self.roles(recipe, tokens, gemm)
         if roles.all_none:
             return F.linear(x, weight, bias)
+        # Before the step is noted: a refused capture leaves the scaling update as it was.
+        refuse_graph_capture(x, "forward", roles.plan.get("name", ""))
         if _is_dtensor(x) or _is_dtensor(weight):
             if self.MODULE_TYPE != "linear":
                 raise NotImplementedError(

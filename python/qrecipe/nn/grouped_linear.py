@@ -60,7 +60,7 @@ from . import weight_cache as _weight_cache
 from .base import QuantizedModule, init_linear_parameters, register_linear_parameters
 from .grouped_linear_function import (GroupedCall, GroupedLinearFunction, TensorSplits,
                                       grouped_forward)
-from .linear_gemms import weight_operand_of
+from .linear_gemms import observe_groups, refuse_graph_capture, weight_operand_of
 
 Splits = Union[Sequence[int], torch.Tensor]
 
@@ -68,7 +68,10 @@ Splits = Union[Sequence[int], torch.Tensor]
 def _quantize_grouped(quantizer, weight: torch.Tensor, group_rows: List[int], usage: int):
     """Every grouped weight quantization goes through here (tests count the calls): one
     QuantizedTensor per group of rows, each as if quantized alone."""
-    return _C.quantize_grouped(quantizer, weight, group_rows, usage)
+    refuse_graph_capture(weight, f"grouped quantization of role {quantizer.role}")
+    quantized = _C.quantize_grouped(quantizer, weight, group_rows, usage)
+    observe_groups(quantizer, weight, group_rows, quantized)
+    return quantized
 
 
 class GroupedLinear(QuantizedInitMixin, QuantizedModule):
@@ -291,6 +294,8 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
                                  recipe=recipe)
                     for i, (xi, wi, bi) in enumerate(zip(xs, weights, self.expert_biases()))]
             return torch.cat(outs, dim=0).reshape(*x.shape[:-1], self.out_features)
+        # Before the step is noted: a refused capture leaves the scaling update as it was.
+        refuse_graph_capture(x, "forward", roles.plan.get("name", ""))
         recipe.note_step_activity()
         if isinstance(splits, torch.Tensor):
             splits = self._tensor_splits(splits, x, weights, recipe)

@@ -39,19 +39,25 @@ from ..quantization import COLUMNWISE, ROWWISE
 from ..quantized_param import QuantizedWeight
 from .linear_gemms import (LinearRoles, backward_usage, dense, engine_bias, gemm_destination,
                            gemm_output, gemm_result, keep_columnwise, linear_backward,
-                           main_grad_of, operand, overlap_backward, stored_dgrad_operand)
+                           main_grad_of, observe_groups, operand, overlap_backward,
+                           refuse_graph_capture, stored_dgrad_operand)
 from .saved_operands import pack_all, unpack_all
 
 
 def _quantize_rows(quantizer, tensor: torch.Tensor, group_rows: List[int], usage: int):
     """Every grouped quantization of the experts' inputs and output gradients by host sizes
     goes through here (tests count the calls): one QuantizedTensor per expert."""
-    return _C.quantize_grouped(quantizer, tensor, group_rows, usage)
+    refuse_graph_capture(tensor, f"grouped quantization of role {quantizer.role}")
+    quantized = _C.quantize_grouped(quantizer, tensor, group_rows, usage)
+    observe_groups(quantizer, tensor, group_rows, quantized)
+    return quantized
 
 
 def _quantize_split(quantizer, tensor: torch.Tensor, splits: "TensorSplits", usage: int):
     """Every grouped quantization by tensor splits goes through here (tests count the calls):
-    one QuantizedGroups for all experts."""
+    one QuantizedGroups for all experts. Telemetry does not observe these: it would read the
+    sizes on the host, the synchronization device splits exist to avoid."""
+    refuse_graph_capture(tensor, f"grouped quantization of role {quantizer.role}")
     return _C.quantize_grouped_split(quantizer, tensor, splits.offsets, usage)
 
 
@@ -226,6 +232,7 @@ class GroupedLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, call: GroupedCall, *params):
+        refuse_graph_capture(x, "forward", call.roles.plan.get("name", ""))
         n = len(call.weight_ops)
         weights, biases = params[:n], params[n:]
         y, saved_x, saved_w = grouped_forward(x, call, weights, biases or [None] * n,
@@ -263,6 +270,7 @@ class GroupedLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         call: GroupedCall = ctx.call
+        refuse_graph_capture(dy, "backward", call.roles.plan.get("name", ""))
         n = len(call.weight_ops)
         ops = unpack_all(ctx.saved_tensors, ctx.packed)  # the x operands, then each W operand
         saved_x = [ctx.split_x] if ctx.split_x is not None else ops[:ctx.x_count]

@@ -1,4 +1,4 @@
-"""The three GEMMs of a quantized linear layer ``y = x W^T + b`` (DESIGN.md section 6): the
+"""The three GEMMs of a quantized linear layer ``y = x W^T + b`` (docs/gemm.md): the
 operands, one engine GEMM into a torch tensor, and a layer's forward and backward GEMMs.
 
     fprop  y  = x  rowwise    . W  rowwise
@@ -30,6 +30,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from .. import telemetry as _telemetry
 from .._engine import _C
 from ..quantization import COLUMNWISE, ROWWISE
 from ..quantized_param import QuantizedWeight
@@ -72,11 +73,57 @@ def dense(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype in (torch.float32, torch.bfloat16) else t.float()
 
 
+# CUDA graphs: the engine's quantizers read amaxes back to the host (per-tensor current
+# scaling, NVFP4's tensor amax) and delayed scaling updates its scales through the host, so a
+# captured graph would replay stale host values (and the stream capture fails at the first
+# synchronisation with an error that names no qrecipe module). Capture is refused up front.
+GRAPH_CAPTURE_REFUSED = (
+    "{who}: the {step} ran during CUDA graph capture "
+    "(torch.cuda.graph, torch.cuda.make_graphed_callables or torch.compile's "
+    "mode='reduce-overhead'). qrecipe cannot be captured yet: its quantizers read amaxes back "
+    "to the host and delayed scaling updates its scales through the host, which a replayed "
+    "graph would not redo. Run the qrecipe modules eagerly: capture only the parts of the "
+    "model outside them (make_graphed_callables on those submodules), or use torch.compile "
+    "without mode='reduce-overhead'")
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (tests replace it)."""
+    return torch.cuda.is_current_stream_capturing()
+
+
+def refuse_graph_capture(like: torch.Tensor, step: str, name: str = "") -> None:
+    """Raises GRAPH_CAPTURE_REFUSED when `like` is a CUDA tensor and the current stream is
+    capturing: the forward, backward and every quantization of a module call this. `name`:
+    the GEMM's role name, when known."""
+    # Not while torch.compile traces (dynamo would have to trace the query; the operators'
+    # own calls, which run when the compiled graph runs, check then).
+    if like.is_cuda and not torch.compiler.is_compiling() and _capturing():
+        who = f"qrecipe module {name!r}" if name else "qrecipe"
+        raise RuntimeError(GRAPH_CAPTURE_REFUSED.format(who=who, step=step))
+
+
 def _quantize(quantizer, tensor: torch.Tensor, usage: int):
     """Every quantization of a linear layer's operands (here, in the operators of
     compile_ops.py and per expert in grouped_linear_function.py) goes through here (tests
-    count the calls)."""
-    return quantizer.quantize(tensor, usage)
+    count the calls), and telemetry observes them here (only a flag test when it is off)."""
+    refuse_graph_capture(tensor, f"quantization of role {quantizer.role}")
+    quantized = quantizer.quantize(tensor, usage)
+    if _telemetry.state.on:
+        _telemetry.observe(quantizer, tensor, quantized)
+    return quantized
+
+
+def observe_groups(quantizer, tensor: torch.Tensor, group_rows, quantized) -> None:
+    """Telemetry of a grouped quantization (one QuantizedTensor per group of rows of
+    `tensor`), when it is on."""
+    if not _telemetry.state.on:
+        return
+    rows = tensor.reshape(-1, tensor.shape[-1])
+    start = 0
+    for n, q in zip(group_rows, quantized):
+        _telemetry.observe(quantizer, rows[start:start + n], q)
+        start += n
 
 
 def operand(quantizer, tensor: torch.Tensor, usage: int):
@@ -184,6 +231,7 @@ def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     all its experts at once: grouped_linear_function.grouped_forward.) `share_input`: take
     x's quantization from the Linear that read the same x just before under the same
     stateless spec, or keep it for the next one (input_sharing.py; the eager path)."""
+    refuse_graph_capture(x, "forward", roles.plan.get("name", ""))
     in_features = weight.shape[1]
     x2 = x.reshape(-1, in_features).contiguous()
     x_usage = ROWWISE | (COLUMNWISE if need_wgrad else 0)
@@ -226,6 +274,7 @@ def linear_backward(dy2: torch.Tensor, saved_x, saved_w, roles: LinearRoles, *, 
     wgrad accumulates into ``main_grad_weight.main_grad`` (FP32, in the GEMM's epilogue; no
     .grad, as TE). `dy_op`: dy already quantized by the caller with the directions needed
     (GroupedLinear's grouped quantization)."""
+    refuse_graph_capture(dy2, "backward", roles.plan.get("name", ""))
     dx = dw = None
     usage = backward_usage(need_dgrad, need_wgrad)
     if not usage:

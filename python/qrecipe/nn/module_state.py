@@ -33,8 +33,9 @@ from __future__ import annotations
 from typing import Any, List, Optional
 
 from .._engine import _C
-from ..scaling_state import (EXTRA_STATE_MARKER, EXTRA_STATE_VERSION, is_scaling_extra_state,
-                             quantizers_in, state_from_checkpoint, state_to_checkpoint)
+from ..scaling_state import (EXTRA_STATE_MARKER, EXTRA_STATE_VERSION,
+                             check_extra_state_entries, is_scaling_extra_state, quantizers_in,
+                             state_from_checkpoint, state_to_checkpoint)
 
 
 class ScalingStateMixin:
@@ -70,6 +71,8 @@ class ScalingStateMixin:
         if state[EXTRA_STATE_MARKER] != EXTRA_STATE_VERSION:
             raise ValueError(f"qrecipe scaling state version {state[EXTRA_STATE_MARKER]} is not "
                              f"supported (this qrecipe reads version {EXTRA_STATE_VERSION})")
+        check_extra_state_entries(state.get("entries", []),
+                                  f"{type(self).__name__} {getattr(self, 'name', '')!r}")
         entries = [e for e in state.get("entries", []) if e.get("scaling_states")]
         self._loaded_scaling = entries or None
         for recipe in list(getattr(self, "_roles", {}).keys()):

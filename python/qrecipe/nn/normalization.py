@@ -57,7 +57,7 @@ def reset_norm_parameters(weight: torch.Tensor, bias: Optional[torch.Tensor],
 def _rms_norm(x: torch.Tensor, shape, weight: Optional[torch.Tensor],
               eps: float) -> torch.Tensor:
     """torch's F.rms_norm where it exists (torch >= 2.4); before, the same formula in FP32
-    (feature-detected, not pinned: DESIGN.md section 8)."""
+    (feature-detected, not pinned: docs/adapter.md)."""
     if hasattr(F, "rms_norm"):
         return F.rms_norm(x, shape, weight, eps)
     xf = x.float()

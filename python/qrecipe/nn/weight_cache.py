@@ -1,5 +1,5 @@
 """Quantized weights kept across the micro-batches of one step (``is_first_microbatch``, as in
-TransformerEngine; DESIGN.md section 8).
+TransformerEngine; docs/adapter.md, "Training loop").
 
 With gradient accumulation the weights do not change between the micro-batches of a step,
 so quantizing them again for every micro-batch is wasted work. A module called with

@@ -23,6 +23,8 @@
 // the thread that owns it. Handles, workspaces and descriptors live until their thread exits.
 #pragma once
 
+#include "internal_visibility.hpp"
+
 #include <cublasLt.h>
 
 #include <cstddef>
@@ -30,6 +32,7 @@
 #include <functional>
 #include <string>
 
+QR_INTERNAL_BEGIN
 namespace qrecipe::cublaslt {
 
 // The cuBLAS major version this build was compiled against (13 with the CUDA 13 toolkit).
@@ -88,3 +91,4 @@ Outcome matmul(const MatmulArgs& args, std::string* why = nullptr);
 const char* type_name(cudaDataType_t type);
 
 }  // namespace qrecipe::cublaslt
+QR_INTERNAL_END

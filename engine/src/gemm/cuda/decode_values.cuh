@@ -57,13 +57,14 @@ __device__ __forceinline__ float scale_value(std::uint32_t raw) {
   }
 }
 
-// The per-tensor factor of an operand (what moves into alpha): a scale_inv, or NVFP4's
-// S_dec = 1 / S_enc(amax) with S_enc = scale_from_amax(amax, 2688, no pow2, eps 0).
-__device__ __forceinline__ float factor_value(Factor kind, const float* ptr) {
-  switch (kind) {
+// The per-tensor factor of an operand (what moves into alpha; FactorSource in
+// gemm_cuda_kernels.hpp): a scale_inv, or the decode factor of a stored amax
+// (tensor_decode_factor with the owning format's numerator).
+__device__ __forceinline__ float factor_value(const FactorSource& f) {
+  switch (f.kind) {
     case Factor::none: return 1.0f;
-    case Factor::value: return *ptr;
-    case Factor::nvfp4_amax: return 1.0f / scale_from_amax(*ptr, 2688.0f, /*pow2=*/false, /*eps=*/0.0f);
+    case Factor::value: return *f.ptr;
+    case Factor::from_amax: return tensor_decode_factor(*f.ptr, f.numerator);
   }
   return 1.0f;
 }

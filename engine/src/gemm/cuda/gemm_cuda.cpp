@@ -1,14 +1,14 @@
 // The CUDA GEMM path: native cuBLASLt FP8 GEMMs, emulation on the GPU, dense GEMMs
-// (DESIGN.md section 6; gemm.hpp is the contract).
+// (docs/gemm.md; gemm.hpp is the contract).
 //
 // Map of this file
 //   1. the transposition convention (below), device guard, scratch buffers per stream
 //   2. Op: one operand as the GEMM reads it (pointer, dtype, K-major or not, scales)
 //   3. run_product: one cuBLASLt call in column-major terms plus the epilogue strategy
-//   4. the three paths: native (per-tensor FP8, blockwise FP8), emulated, dense; the emulated
-//      path decodes to BF16 (engine decoders, per-tensor factors in a device alpha) where that can
-//      be exact, checks on the device where it depends on the data (and recomputes there when it
-//      is not), and decodes to FP32 otherwise
+//   4. the three paths: native (per-tensor FP8, FP8 with FP32 block scales), emulated, dense;
+//      the emulated path decodes to BF16 (engine decoders, per-tensor factors in a device alpha)
+//      where that can be exact, checks on the device where it depends on the data (and
+//      recomputes there when it is not), and decodes to FP32 otherwise
 //   5. gemm_cuda(): plan, dispatch, and the fallback from native to emulated
 //
 // Transposition convention. Our operands are "inner contiguous" (K-major): operand A gives the
@@ -271,7 +271,7 @@ cublaslt::Outcome run_product(const Context& c, const Op& a, const Op& b, bool f
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 std::int64_t round_up(std::int64_t a, std::int64_t b) { return ceil_div(a, b) * b; }
 
-// Whether a blockwise direction's FP32 scales are laid out as cuBLASLt reads them (the
+// Whether a direction's FP32 block scales are laid out as cuBLASLt reads them (the
 // GEMM-ready layouts of docs/numerics.md, TransformerEngine's on Hopper), in the operand frame
 // (o = block along the output dimension, kb = block along K):
 //   1x128   (VEC128_32F):     scale(o, kb) at kb * ld + o, ld = outer ("outer-dim-major",
@@ -352,14 +352,14 @@ bool run_native(const Context& c, const GemmPlan& plan, const OperandTraits& ta,
 //
 // Each operand goes to BF16 when every decoded value is exact there (gemm_cuda_kernels.hpp
 // says which layouts the engine's decoders know and why each is exact), with what BF16 cannot
-// carry (a per-tensor scale_inv, NVFP4's S_dec) moved into alpha, which then lives in device
-// memory: the GEMM is alpha' * sum(a' b') with a' = a / factor_a, alpha' = alpha * factor_a *
-// factor_b, within FP32-accumulation tolerance of the reference (which multiplies the factors
-// into each decoded element). Exactness depends on the data only for FP8 codes with E8M0
-// (MXFP8) or FP32 (blockwise) block scales: a tiny scale times a small code can fall below
-// BF16's subnormal grid (2^-133), and a non-power-of-two FP32 scale gives products of up to 28
-// significant bits. For those operands the decoders test every value they write and, on a
-// miss, set a device flag to this GEMM's epoch. Nothing waits for that flag on the host:
+// carry (a per-tensor scale_inv, the tensor factor of a block-and-tensor scaled direction)
+// moved into alpha, which then lives in device memory: the GEMM is alpha' * sum(a' b') with
+// a' = a / factor_a, alpha' = alpha * factor_a * factor_b, within FP32-accumulation tolerance
+// of the reference (which multiplies the factors into each decoded element). Exactness
+// depends on the data only for FP8 codes with E8M0 or FP32 block scales: a tiny scale times a
+// small code can fall below BF16's subnormal grid (2^-133), and a non-power-of-two FP32 scale
+// gives products of up to 28 significant bits. For those operands the decoders test every
+// value they write and, on a miss, set a device flag to this GEMM's epoch. Nothing waits for that flag on the host:
 //   decode A and B (one launch; scalars and flag written on the device)
 //   [accumulate only] copy the output aside if flagged (into a decoded operand's buffer,
 //                     whose BF16 values no longer matter then)
@@ -369,8 +369,9 @@ bool run_native(const Context& c, const GemmPlan& plan, const OperandTraits& ta,
 //     reference epilogue on the saved (or untouched) output
 // so a GEMM of exact operands pays two short launches that return at once, and one with a
 // miss gets the reference's result from a slower SIMT kernel. Everything else (a dense FP32
-// operand, a layout the decoders do not know) takes the FP32 path: both operands decoded to
-// FP32 by their plugins' CUDA dequantize, then a cuBLASLt FP32 GEMM.
+// operand, a layout the decoders do not know, a block-and-tensor scaled direction whose
+// format gives no tensor_scale_numerator) takes the FP32 path: both operands decoded to FP32
+// by their plugins' CUDA dequantize, then a cuBLASLt FP32 GEMM.
 
 int log2_exact(std::int64_t v) {
   if (v <= 0 || (v & (v - 1)) != 0) return -1;
@@ -386,8 +387,7 @@ struct Bf16Plan {
   bool dense = false;
   bool needs_check = false;
   gemm_kernels::StoredOperand stored;
-  gemm_kernels::Factor factor = gemm_kernels::Factor::none;
-  const float* factor_ptr = nullptr;
+  gemm_kernels::FactorSource factor;
 };
 
 Bf16Plan bf16_plan_of(const GemmOperand& g, const OperandTraits& t) {
@@ -419,8 +419,7 @@ Bf16Plan bf16_plan_of(const GemmOperand& g, const OperandTraits& t) {
   if (l.scale_mode == QR_SCALE_TENSOR) {
     if (!fp8 || l.scale_dtype != QR_DTYPE_F32 || dd.scale_inv.data == nullptr) return plan;
     s.scale = BlockScale::none;
-    plan.factor = gemm_kernels::Factor::value;
-    plan.factor_ptr = static_cast<const float*>(dd.scale_inv.data);
+    plan.factor = {gemm_kernels::Factor::value, static_cast<const float*>(dd.scale_inv.data)};
     plan.ok = true;
     return plan;
   }
@@ -432,9 +431,12 @@ Bf16Plan bf16_plan_of(const GemmOperand& g, const OperandTraits& t) {
     plan.needs_check = true;
   } else if (l.scale_mode == QR_SCALE_BLOCK_TENSOR && !fp8 && l.scale_dtype == QR_DTYPE_E4M3 &&
              l.has_amax && dd.amax.data != nullptr) {
-    s.scale = BlockScale::e4m3;  // NVFP4: q * s exact, S_dec into alpha
-    plan.factor = gemm_kernels::Factor::nvfp4_amax;
-    plan.factor_ptr = static_cast<const float*>(dd.amax.data);
+    // q * s exact in BF16; the tensor factor into alpha, as the owning format's descriptor
+    // says (0: it gives none, and the operand takes the FP32 path through its dequantize).
+    const float numerator = g.quantizer->direction_plugin(l).tensor_scale_numerator();
+    if (numerator == 0.0f) return plan;
+    s.scale = BlockScale::e4m3;
+    plan.factor = {gemm_kernels::Factor::from_amax, static_cast<const float*>(dd.amax.data), numerator};
   } else {
     return plan;
   }
@@ -525,7 +527,6 @@ gemm_kernels::ExactOperand exact_operand(const GemmOperand& g, const OperandTrai
   x.stored = p.stored;
   x.k_major = t.inner_contiguous;
   x.factor = p.factor;
-  x.factor_ptr = p.factor_ptr;
   return x;
 }
 
@@ -539,7 +540,8 @@ DType run_decoded(const Context& c, const OperandTraits& ta, const OperandTraits
     const std::string what = c.what();
     float* small = nullptr;  // [alpha, beta, alpha, 0] then the flag word
     const bool check = pa.needs_check || pb.needs_check;
-    const bool factors = pa.factor != gemm_kernels::Factor::none || pb.factor != gemm_kernels::Factor::none;
+    const bool factors =
+        pa.factor.kind != gemm_kernels::Factor::none || pb.factor.kind != gemm_kernels::Factor::none;
     if (check || factors) small = scalars_buffer(c.device, stream, what);
     gemm_kernels::ExactnessFlag flag;
     if (check) {
@@ -551,10 +553,8 @@ DType run_decoded(const Context& c, const OperandTraits& ta, const OperandTraits
       scalars.out = small;
       scalars.alpha = c.options.alpha;
       scalars.beta = c.options.accumulate ? 1.0f : 0.0f;
-      scalars.kind[0] = pa.factor;
-      scalars.kind[1] = pb.factor;
-      scalars.factor[0] = pa.factor_ptr;
-      scalars.factor[1] = pb.factor_ptr;
+      scalars.factor[0] = pa.factor;
+      scalars.factor[1] = pb.factor;
     }
     // An accumulating GEMM that may be redone keeps the output as it was in the first checked
     // operand's buffer (grown to hold it): its BF16 values are garbage once the flag is set.

@@ -1,10 +1,10 @@
 // CUDA kernels around the engine's cuBLASLt GEMMs (see gemm_cuda_kernels.hpp).
 //
-// Map (STYLE.md rule 11): launch checking; the epilogue kernels (elementwise, grid-stride;
-// they run only off the fast path: bias with FP8 or BF16 output, BF16 output of an FP32 GEMM,
-// a mixed-dtype dense GEMM, K = 0); the operand decoders of the emulated GEMMs, which also
-// check exactness; the exact GEMM that replaces a BF16 GEMM whose operands missed; then the
-// launchers and the entries that size the grids.
+// Map (docs/architecture.md, "Conventions", rule 11): launch checking; the epilogue kernels
+// (elementwise, grid-stride; they run only off the fast path: bias with FP8 or BF16 output, BF16
+// output of an FP32 GEMM, a mixed-dtype dense GEMM, K = 0); the operand decoders of the emulated
+// GEMMs, which also check exactness; the exact GEMM that replaces a BF16 GEMM whose operands
+// missed; then the launchers and the entries that size the grids.
 //
 // The decoders are memory-bound one-pass kernels built like a copy: 8-byte (FP8) or 4-byte
 // (E2M1) loads and 16-byte stores, each warp instruction over contiguous memory, 8 units of 8
@@ -199,7 +199,8 @@ __device__ __forceinline__ uint2 e2m1x4_to_bf16x4(std::uint32_t c) {
 }
 
 // Two BF16 values times one BF16 scale (both halves of s2), as one bf16x2 multiply. Used only
-// where the product is exact (NVFP4's q * s), so its rounding never matters.
+// where the product is exact (E2M1 codes times E4M3 block scales), so its rounding never
+// matters.
 __device__ __forceinline__ std::uint32_t bf16x2_mul(std::uint32_t x, std::uint32_t s2) {
   const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&x),
                                    *reinterpret_cast<const __nv_bfloat162*>(&s2));
@@ -256,9 +257,7 @@ __device__ __forceinline__ float load_code(const StoredOperand& op, std::int64_t
 
 __device__ void write_scalars_now(const Scalars& s) {
   float f[2];
-  for (int i = 0; i < 2; ++i) {
-    f[i] = factor_value(s.kind[i], s.factor[i]);
-  }
+  for (int i = 0; i < 2; ++i) f[i] = factor_value(s.factor[i]);
   const float alpha = s.alpha * (f[0] * f[1]);
   s.out[0] = alpha;  // a GEMM that writes the output
   s.out[1] = s.beta;
@@ -475,7 +474,6 @@ constexpr int kExactThreads = 256; // 16 x 16 threads
 constexpr int kExactPad = 4;       // row padding: conflict-free stores of K-major tiles
 static_assert(kExactTile * kExactTileK == 4 * kExactThreads, "each thread decodes 4 elements per operand");
 
-__device__ float factor_of(const ExactOperand& x) { return factor_value(x.factor, x.factor_ptr); }
 
 // Element (o, r) of the logical [outer, inner] operand, decoded as the plugins' reference
 // dequantize does: NaN codes and NaN scales as they are, else code * scale (* factor).
@@ -487,7 +485,7 @@ __device__ float exact_element(const ExactOperand& x, float factor, std::int64_t
     const float code = load_code<Code::e2m1>(s, p, q);
     const float block = load_scale<BlockScale::e4m3>(s, p >> s.block_rows_log2, q >> s.block_cols_log2);
     if (num::is_nan(block)) return block;
-    return (code * block) * factor;  // (q * s) * S_dec
+    return (code * block) * factor;  // (q * s) * tensor factor
   }
   const float code = s.code == Code::e4m3 ? load_code<Code::e4m3>(s, p, q) : load_code<Code::e5m2>(s, p, q);
   if (num::is_nan(code)) return code;
@@ -522,7 +520,7 @@ __global__ void __launch_bounds__(kExactThreads) exact_gemm_kernel(const __grid_
   if (*flag.word != flag.epoch) return;
   __shared__ __align__(16) float as[kExactTileK][kExactTile + kExactPad];
   __shared__ __align__(16) float bs[kExactTileK][kExactTile + kExactPad];
-  const float fa = factor_of(g.a), fb = factor_of(g.b);
+  const float fa = factor_value(g.a.factor), fb = factor_value(g.b.factor);
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const std::int64_t tiles_n = (g.n + kExactTile - 1) / kExactTile;
   const std::int64_t tiles = (g.m + kExactTile - 1) / kExactTile * tiles_n;

@@ -7,8 +7,11 @@
 // epilogue, operation for operation (the engine is compiled with -fmad=false): see finish().
 #pragma once
 
+#include "internal_visibility.hpp"
+
 #include <cstdint>
 
+QR_INTERNAL_BEGIN
 namespace qrecipe::detail::gemm_kernels {
 
 // dst[i] = f32(src[i]) for n BF16 values (exact).
@@ -29,18 +32,19 @@ void finish(void* out, bool out_bf16, const float* product, float alpha, bool ac
 
 // ---------------------------------------------------------------- emulated GEMM operands
 //
-// The emulated GEMMs (DESIGN.md section 6) decode each quantized operand to BF16 in the order
+// The emulated GEMMs (docs/gemm.md) decode each quantized operand to BF16 in the order
 // its data is stored ([rows, cols] row-major as stored, transposed or not) and move what a BF16
 // value cannot carry exactly into the GEMM's alpha:
 //   per-tensor FP8:      the code's value (exact in BF16: E4M3 and E5M2 are subsets of it);
 //                        the FP32 scale_inv goes to alpha
-//   E2M1 x E4M3 blocks:  q * s (NVFP4): at most 2 x 4 significant bits, magnitudes in
-//                        [2^-10, 2688], always exact in BF16; S_dec = 1 / S_enc(amax) goes
-//                        to alpha
-//   FP8 x E8M0 blocks:   q * 2^(e-127) (MXFP8): exact unless the product falls below BF16's
+//   E2M1 x E4M3 blocks:  q * s: at most 2 x 4 significant bits, magnitudes in [2^-10, 2688],
+//                        always exact in BF16; with a block-and-tensor scale mode, the
+//                        tensor factor (tensor_decode_factor of the stored amax and the
+//                        format's tensor_scale_numerator, plugin_abi.h) goes to alpha
+//   FP8 x E8M0 blocks:   q * 2^(e-127): exact unless the product falls below BF16's
 //                        subnormal grid (2^-133), which needs e <= 2 (E4M3) or e <= 9 (E5M2)
-//   FP8 x FP32 blocks:   q * s in FP32 (blockwise): exact when s is a power of two >= 2^-124
-//                        (E4M3) / 2^-117 (E5M2), and otherwise only by luck
+//   FP8 x FP32 blocks:   q * s in FP32: exact when s is a power of two >= 2^-124 (E4M3) /
+//                        2^-117 (E5M2), and otherwise only by luck
 // The last two depend on the data, so their decoders check every value they write (a block
 // whose scale proves it exact costs nothing more) and record a miss in an ExactnessFlag. The
 // host never reads that flag: the BF16 GEMM runs anyway, and exact_gemm_if_flagged() then
@@ -67,9 +71,17 @@ struct StoredOperand {
 
 // What multiplies alpha for one operand, read on the device when the GEMM is enqueued.
 enum class Factor : std::int32_t {
-  none,        // 1
-  value,       // *ptr (a per-tensor FP32 scale_inv)
-  nvfp4_amax,  // S_dec = 1 / S_enc(*ptr), S_enc = scale_from_amax(amax, 2688, no pow2, eps 0)
+  none,       // 1
+  value,      // *ptr (a per-tensor FP32 scale_inv)
+  from_amax,  // tensor_decode_factor(*ptr, numerator): *ptr is the stored amax, numerator the
+              // owning format's tensor_scale_numerator (qrecipe/scaling.hpp, plugin_abi.h)
+};
+
+// One operand's factor: its kind, the device pointer it reads, and (from_amax) the numerator.
+struct FactorSource {
+  Factor kind = Factor::none;
+  const float* ptr = nullptr;
+  float numerator = 0.0f;
 };
 
 // The GEMM's scalars in device memory: out[0] = out[2] = alpha * (factor_a * factor_b),
@@ -78,8 +90,7 @@ enum class Factor : std::int32_t {
 struct Scalars {
   float* out = nullptr;
   float alpha = 1.0f, beta = 0.0f;
-  Factor kind[2] = {Factor::none, Factor::none};
-  const float* factor[2] = {nullptr, nullptr};
+  FactorSource factor[2];
 };
 
 // A device word that a decoder sets to `epoch` when it writes a value BF16 could not hold
@@ -120,13 +131,12 @@ void copy_if_flagged(void* dst, const void* src, std::int64_t bytes, const Exact
 struct ExactOperand {
   StoredOperand stored;
   bool k_major = true;
-  Factor factor = Factor::none;
-  const float* factor_ptr = nullptr;
+  FactorSource factor;
 };
 
 // out [m, n] = the CPU reference GEMM of gemm/gemm_cpu.cpp on the same operands, up to the order of
 // the FP32 sums: every element decoded as the plugin's reference dequantize does (code *
-// block scale, then * per-tensor factor; NVFP4 (q * s) * S_dec), FP32 accumulation, then
+// block scale, then * per-tensor factor: (q * s) * factor), FP32 accumulation, then
 // v = alpha * acc; v += old (accumulate); v += bias[j]; stored as FP32 or rounded to BF16.
 // `old` holds the output as it was before the GEMM (may be out itself when nothing
 // overwrote it; unused without accumulate).
@@ -155,3 +165,4 @@ void write_scalars(const Scalars& scalars, void* stream);
 int multiprocessor_count(int device);
 
 }  // namespace qrecipe::detail::gemm_kernels
+QR_INTERNAL_END

@@ -116,8 +116,9 @@ int log2_exact(std::int64_t v) {
   return k;
 }
 
-// The shared description of a quantized direction's groups from its layout (stored frame).
-OperandInfo info_of_layout(const qr_direction_layout& l, const OperandTraits& t) {
+// The shared description of a quantized direction's groups from its layout (stored frame); `q`
+// made them (the owning format's tensor_scale_numerator for an amax-derived factor).
+OperandInfo info_of_layout(const qr_direction_layout& l, const OperandTraits& t, const Quantizer& q) {
   OperandInfo info;
   info.k_major = t.inner_contiguous;
   switch (l.data_dtype) {
@@ -135,7 +136,14 @@ OperandInfo info_of_layout(const qr_direction_layout& l, const OperandTraits& t)
       break;
     case QR_SCALE_BLOCK_TENSOR:
       info.scale = grouped::BlockScale::e4m3;
-      info.factor = grouped::Factor::nvfp4_amax;
+      info.factor = grouped::Factor::from_amax;
+      info.numerator = q.direction_plugin(l).tensor_scale_numerator();
+      // 0: the format gives no per-tensor decode factor (plugin_abi.h), so only its plugin
+      // can decode these groups.
+      QR_CHECK_CODE(info.numerator > 0.0f, QR_STATUS_UNSUPPORTED, "grouped GEMM: a direction "
+                    "with block and tensor scales whose format declares no "
+                    "tensor_scale_numerator cannot be decoded by the engine; use per-group "
+                    "GEMMs");
       break;
     default: break;
   }
@@ -167,7 +175,7 @@ GroupOperand group_of(const GemmOperand& g, const OperandInfo& info) {
   o.cols = l.data_shape[1];
   o.ld = info.code == grouped::Code::e2m1 ? round_up(o.cols, 2) : o.cols;
   if (info.factor == grouped::Factor::value) o.factor = static_cast<const float*>(dd.scale_inv.data);
-  if (info.factor == grouped::Factor::nvfp4_amax) o.factor = static_cast<const float*>(dd.amax.data);
+  if (info.factor == grouped::Factor::from_amax) o.factor = static_cast<const float*>(dd.amax.data);
   if (info.scale != grouped::BlockScale::none) {
     o.scales = dd.scale_inv.data;
     o.scale_ld = l.scale_ndim == 2 ? l.scale_shape[1] : 0;
@@ -194,7 +202,9 @@ Side side_of(const GroupedOperand& op, const GroupedGemmOptions& options, std::i
     QR_CHECK_CODE(op.tensor->device_split(), QR_STATUS_INTERNAL, "grouped GEMM operand ", which,
                   ": device splits but per-group tensors");
     const qr_grouped_direction& gd = op.tensor->direction(op.direction);
-    s.info = info_of_layout(gd.layout, traits);
+    QR_CHECK_CODE(op.quantizer != nullptr, QR_STATUS_INTERNAL, "grouped GEMM operand ", which,
+                  ": a split tensor without the quantizer that made it");
+    s.info = info_of_layout(gd.layout, traits, *op.quantizer);
     s.source.source = Source::plugin_table;
     s.source.entries = gd.groups;
     s.source.transposed = gd.layout.data_transposed != 0;
@@ -219,7 +229,10 @@ Side side_of(const GroupedOperand& op, const GroupedGemmOptions& options, std::i
   s.operands = host_operands(op, options, groups, which);
   const GemmOperand& first = s.operands.front();
   if (first.tensor) {
-    s.info = info_of_layout(first.tensor->direction(first.direction).layout, traits);
+    QR_CHECK_CODE(first.quantizer != nullptr, QR_STATUS_INTERNAL, "grouped GEMM operand ", which,
+                  ": a quantized group without its quantizer");
+    s.info = info_of_layout(first.tensor->direction(first.direction).layout, traits,
+                            *first.quantizer);
   } else {
     s.info.code = grouped::Code::bf16;
     s.info.k_major = first.direction == QR_DIRECTION_ROWWISE;
@@ -339,6 +352,7 @@ OperandInfo decoded_info(const OperandInfo& stored) {
   info.code = grouped::Code::bf16;
   info.k_major = true;
   info.factor = stored.factor;
+  info.numerator = stored.numerator;
   return info;
 }
 

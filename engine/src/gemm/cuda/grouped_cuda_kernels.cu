@@ -1,6 +1,6 @@
 // The small kernels around a grouped GEMM (see grouped_cuda_kernels.hpp).
 //
-// Map (STYLE.md rule 11): device helpers (group lookup, element decode as the emulation and
+// Map (docs/architecture.md, "Conventions", rule 11): device helpers (group lookup, element decode as the emulation and
 // as the reference); the kernels (describe, decode layout + decode, K = 0 epilogue, output
 // save, exact recompute); then the launchers. Compiled with the engine's numerics flags
 // (-fmad=false, no FTZ): the decodes multiply exact values only, the exact recompute uses
@@ -42,7 +42,7 @@ __device__ __forceinline__ GroupOperand operand_of(const OperandSource& s, const
       // A tensor scale_inv moves into alpha (the factor); block scales stay with the data.
       o.scales = s.factor == Factor::value ? nullptr : e.scale_inv;
       o.factor = s.factor == Factor::value        ? static_cast<const float*>(e.scale_inv)
-                 : s.factor == Factor::nvfp4_amax ? e.amax
+                 : s.factor == Factor::from_amax  ? e.amax
                                                   : nullptr;
       o.rows = s.transposed ? s.cols : e.rows;
       o.cols = s.transposed ? e.rows : s.cols;
@@ -132,7 +132,7 @@ __device__ __forceinline__ float emulated_value(const OperandInfo& info, const G
 }
 
 // What the plugins' reference dequantize gives for (p, q): NaN codes and NaN block scales as
-// they are, else code * block scale, then the per-tensor factor (NVFP4: (q * s) * S_dec).
+// they are, else code * block scale, then the per-tensor factor (block and tensor scales: (q * s) * factor).
 __device__ __forceinline__ float reference_value(const OperandInfo& info, const GroupOperand& op,
                                                  float factor, std::int64_t p, std::int64_t q) {
   const float code = code_at(info, op, p, q);
@@ -355,8 +355,8 @@ __global__ void __launch_bounds__(kExactThreads) exact_grouped_kernel(const Exac
     const std::int64_t m = out.rows, n = out.cols, k = inner_of(a, args.info_a.k_major);
     const std::int64_t tiles_n = (n + kExactTile - 1) / kExactTile;
     const std::int64_t tiles = (m + kExactTile - 1) / kExactTile * tiles_n;
-    const float fa = gemm_kernels::factor_value(args.info_a.factor, a.factor);
-    const float fb = gemm_kernels::factor_value(args.info_b.factor, b.factor);
+    const float fa = gemm_kernels::factor_value({args.info_a.factor, a.factor, args.info_a.numerator});
+    const float fb = gemm_kernels::factor_value({args.info_b.factor, b.factor, args.info_b.numerator});
     // This block's first tile of the group: the next t >= first_tile with t % grid == block.
     std::int64_t t = first_tile + ((blockIdx.x - first_tile % gridDim.x) + gridDim.x) % gridDim.x;
     for (; t < first_tile + tiles; t += gridDim.x) {

@@ -5,10 +5,13 @@
 // device table of grouped_tables.hpp; none of them needs the group sizes on the host.
 #pragma once
 
+#include "internal_visibility.hpp"
+
 #include <cstdint>
 
 #include "gemm/cuda/grouped_tables.hpp"
 
+QR_INTERNAL_BEGIN
 namespace qrecipe::detail::grouped {
 
 // Writes the tables of groups [first, first + count) (count <= kHostGroupsPerLaunch): A and B
@@ -93,3 +96,4 @@ struct ExactGroupedArgs {
 void exact_grouped_if_flagged(const ExactGroupedArgs& args, void* stream);
 
 }  // namespace qrecipe::detail::grouped
+QR_INTERNAL_END

@@ -10,11 +10,14 @@
 // epilogue, exact recompute) reads only these tables, so the group sizes never reach the host.
 #pragma once
 
+#include "internal_visibility.hpp"
+
 #include <cstdint>
 
 #include "gemm/cuda/gemm_cuda_kernels.hpp"
 #include "qrecipe/plugin_abi.h"
 
+QR_INTERNAL_BEGIN
 namespace qrecipe::detail::grouped {
 
 using gemm_kernels::BlockScale;
@@ -28,7 +31,8 @@ using gemm_kernels::Factor;
 struct OperandInfo {
   Code code = Code::bf16;             // bf16: a dense BF16 operand (no scales)
   BlockScale scale = BlockScale::none;
-  Factor factor = Factor::none;       // per group: tensor scale_inv (value) or NVFP4 amax
+  Factor factor = Factor::none;       // per group: tensor scale_inv (value) or amax (from_amax)
+  float numerator = 0.0f;             // from_amax: the owning format's tensor_scale_numerator
   std::int32_t block_rows_log2 = 0, block_cols_log2 = 0;
   bool scale_transposed = false;
   bool k_major = true;                // stored [outer, inner] (else [inner, outer])
@@ -72,7 +76,7 @@ struct OperandSource {
   Source source = Source::host;
   // plugin_table: the entries, whether the data is stored transposed ([cols, rows_g]) and the
   // split tensor's columns; the factor comes from the entry's scale_inv (value) or amax
-  // (nvfp4_amax) as OperandInfo::factor says.
+  // (from_amax) as OperandInfo::factor says.
   const qr_group_entry* entries = nullptr;
   bool transposed = false;
   Factor factor = Factor::none;
@@ -101,3 +105,4 @@ struct HostTable {
 static_assert(sizeof(HostTable) + 512 <= 32764, "the host table must fit the kernel parameters");
 
 }  // namespace qrecipe::detail::grouped
+QR_INTERNAL_END

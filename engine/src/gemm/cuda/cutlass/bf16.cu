@@ -5,7 +5,7 @@
 namespace qrecipe::detail::grouped {
 namespace {
 
-using cutlass_impl::BlockwiseGemm;
+using cutlass_impl::BlockScaledGemm;
 using cutlass_impl::no_kernel;
 using cutlass_impl::PlainGemm;
 

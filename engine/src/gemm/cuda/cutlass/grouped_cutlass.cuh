@@ -1,11 +1,11 @@
 // The CUTLASS grouped GEMM template shared by the instantiation units (fp8_fast.cu,
-// fp8_split.cu, blockwise.cu, bf16.cu): kernel types, the argument set-up kernels and the
+// fp8_split.cu, block_scaled.cu, bf16.cu): kernel types, the argument set-up kernels and the
 // launcher. Internal; include only from those units (it pulls in CUTLASS, which is slow to
 // compile). grouped_cutlass.hpp says what the kernels compute.
 //
-// Map (STYLE.md rule 11): 1. kernel types (PlainGemm, BlockwiseGemm); 2. the device argument
+// Map (docs/architecture.md, "Conventions", rule 11): 1. kernel types (PlainGemm, BlockScaledGemm); 2. the device argument
 // arrays and the prepare kernel (one block: problem sizes, pointers, strides, alphas, and for
-// blockwise the scale prefix sums by a chunked scan); 3. the blockwise scale repack kernel; 4.
+// block-scaled ones the scale prefix sums by a chunked scan); 3. the block-scale repack kernel; 4.
 // the launcher (scratch, CUTLASS Arguments, can_implement, initialize, run).
 #pragma once
 
@@ -17,12 +17,12 @@
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
-#include "cutlass/detail/blockwise_scale_layout.hpp"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass_names/cutlass_block_scaled.hpp"  // third_party/: CUTLASS's names for these
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 
 #include "gemm/cuda/cutlass/grouped_cutlass.hpp"
@@ -68,7 +68,7 @@ struct PlainGemm {
       KernelSchedule>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-  static constexpr bool kBlockwise = false;
+  static constexpr bool kBlockScaled = false;
   static constexpr int kScaleGranularityN = 0;
   struct LayoutSFA {};
   struct LayoutSFB {};
@@ -77,8 +77,8 @@ struct PlainGemm {
 // FP8 with FP32 block scales: A in 1x128 blocks (one scale per row and 128 of K, stored
 // M-major), B in 128x128 tiles (K-major scales) or 1x128 blocks (N-major scales).
 template <class ElementD, int kScaleN, class TileShape, class ClusterShape>
-struct BlockwiseGemm {
-  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<
+struct BlockScaledGemm {
+  using ScaleConfig = qrecipe_cutlass_names::Sm90BlockScaleConfig<
       1, kScaleN, 128, cute::GMMA::Major::MN,
       kScaleN == 1 ? cute::GMMA::Major::MN : cute::GMMA::Major::K>;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
@@ -92,10 +92,10 @@ struct BlockwiseGemm {
       kAlignment<cutlass::float_e4m3_t>, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<
           static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
+      qrecipe_cutlass_names::KernelPtrArrayCooperativeFP8BlockScaled>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-  static constexpr bool kBlockwise = true;
+  static constexpr bool kBlockScaled = true;
   static constexpr int kScaleGranularityN = kScaleN;
 };
 
@@ -129,7 +129,7 @@ struct Arrays {
   typename T::StrideD* stride_d;
   float* alpha;
   const float** alpha_ptr;
-  // blockwise only
+  // block-scaled only
   const float** ptr_sfa;
   typename Cfg::LayoutSFA* layout_sfa;
   const float** ptr_sfb;
@@ -187,14 +187,15 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(const CutlassA
       arr.ptr_c[g] = static_cast<const typename T::ElementD*>(d.data);
       arr.stride_c[g] = leading<typename T::StrideC>(d.ld);
       // alpha * (factor_a * factor_b): the dense emulation's order (gemm_cuda_kernels.cu).
-      arr.alpha[g] = args.alpha * (gemm_kernels::factor_value(args.info_a.factor, a.factor) *
-                                   gemm_kernels::factor_value(args.info_b.factor, b.factor));
+      arr.alpha[g] = args.alpha *
+                     (gemm_kernels::factor_value({args.info_a.factor, a.factor, args.info_a.numerator}) *
+                      gemm_kernels::factor_value({args.info_b.factor, b.factor, args.info_b.numerator}));
       arr.alpha_ptr[g] = arr.alpha + g;
-      if constexpr (Cfg::kBlockwise) {
+      if constexpr (Cfg::kBlockScaled) {
         if (!empty) scale_counts<Cfg>(m, n, k, na, nb);
       }
     }
-    if constexpr (Cfg::kBlockwise) {
+    if constexpr (Cfg::kBlockScaled) {
       __syncthreads();
       scan[0][threadIdx.x] = na;
       scan[1][threadIdx.x] = nb;
@@ -226,7 +227,7 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(const CutlassA
       __syncthreads();
     }
   }
-  if constexpr (Cfg::kBlockwise) {
+  if constexpr (Cfg::kBlockScaled) {
     if (threadIdx.x == 0) {
       arr.prefix[args.groups] = carry[0];
       arr.prefix[2 * args.groups + 1] = carry[1];
@@ -234,7 +235,7 @@ __global__ void __launch_bounds__(kPrepareThreads) prepare_kernel(const CutlassA
   }
 }
 
-// ---------------------------------------------------------------- 3. blockwise scale repack
+// ---------------------------------------------------------------- 3. block-scale repack
 
 constexpr int kRepackThreads = 256;
 constexpr int kRepackPerThread = 4;
@@ -259,7 +260,7 @@ __device__ __forceinline__ float scale_of(const OperandInfo& info, const GroupOp
 }
 
 // Blocks [0, blocks_a) repack A's scales, the rest B's, into the layouts CUTLASS derives from
-// each group's problem shape (Sm90BlockwiseScaleConfig::tile_atom_to_shape_SF*): A M-major
+// each group's problem shape (the scale config's tile_atom_to_shape_SF*): A M-major
 // [ceil(K/128)][M]; B K-major [ceil(N/128)][ceil(K/128)] (128x128) or N-major [ceil(K/128)][N].
 template <class Cfg>
 __global__ void __launch_bounds__(kRepackThreads)
@@ -329,7 +330,7 @@ std::size_t carve(Arrays<Cfg>& arr, char* base, const CutlassArgs& args) {
   take(arr.stride_d, g);
   take(arr.alpha, g);
   take(arr.alpha_ptr, g);
-  if constexpr (Cfg::kBlockwise) {
+  if constexpr (Cfg::kBlockScaled) {
     take(arr.ptr_sfa, g);
     take(arr.layout_sfa, g);
     take(arr.ptr_sfb, g);
@@ -355,7 +356,7 @@ typename Cfg::Gemm::Arguments arguments_of(const Arrays<Cfg>& arr, const Cutlass
   x.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
   // No host problem shapes: the sizes live on the device only.
   x.problem_shape = {args.groups, arr.problems, nullptr};
-  if constexpr (Cfg::kBlockwise) {
+  if constexpr (Cfg::kBlockScaled) {
     x.mainloop = {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b,
                   arr.ptr_sfa, arr.layout_sfa, arr.ptr_sfb, arr.layout_sfb};
   } else {
@@ -397,7 +398,7 @@ void run(const CutlassArgs& args) {
   carve(arr, base, args);
   prepare_kernel<Cfg><<<1, kPrepareThreads, 0, stream>>>(args, arr);
   check_cuda(cudaGetLastError(), "prepare_kernel<<<>>>", args);
-  if constexpr (Cfg::kBlockwise) {
+  if constexpr (Cfg::kBlockScaled) {
     const std::int64_t blocks_a = std::max<std::int64_t>(1, cdiv(args.max_scales_a, kRepackPerBlock));
     const std::int64_t blocks_b = std::max<std::int64_t>(1, cdiv(args.max_scales_b, kRepackPerBlock));
     QR_CHECK_CODE(blocks_a + blocks_b <= 0x7FFFFFFF, QR_STATUS_INTERNAL, "grouped GEMM ", args.what,

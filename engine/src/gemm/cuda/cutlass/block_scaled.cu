@@ -6,24 +6,24 @@
 namespace qrecipe::detail::grouped {
 namespace {
 
-using cutlass_impl::BlockwiseGemm;
+using cutlass_impl::BlockScaledGemm;
 using cutlass_impl::no_kernel;
 using cutlass_impl::PlainGemm;
 
 using Tile = cute::Shape<cute::_128, cute::_128, cute::_128>;
 using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
-using WeightsBf16 = BlockwiseGemm<cutlass::bfloat16_t, 128, Tile, Cluster>;
-using RowsBf16 = BlockwiseGemm<cutlass::bfloat16_t, 1, Tile, Cluster>;
-using RowsF32 = BlockwiseGemm<float, 1, Tile, Cluster>;
+using WeightsBf16 = BlockScaledGemm<cutlass::bfloat16_t, 128, Tile, Cluster>;
+using RowsBf16 = BlockScaledGemm<cutlass::bfloat16_t, 1, Tile, Cluster>;
+using RowsF32 = BlockScaledGemm<float, 1, Tile, Cluster>;
 
 }  // namespace
 
-void run_blockwise(const CutlassArgs& args) {
+void run_block_scaled(const CutlassArgs& args) {
   if (args.kernel == GroupedKernel::block_1x128_128x128 && !args.out_f32)
     return cutlass_impl::run<WeightsBf16>(args);
   if (args.kernel == GroupedKernel::block_1x128_1x128)
     return args.out_f32 ? cutlass_impl::run<RowsF32>(args) : cutlass_impl::run<RowsBf16>(args);
-  no_kernel(args, "blockwise.cu");
+  no_kernel(args, "block_scaled.cu");
 }
 
 }  // namespace qrecipe::detail::grouped
