@@ -56,6 +56,7 @@ from .._engine import _C
 from ..quantization import COLUMNWISE, ROWWISE
 from ..recipe import as_recipe
 from ..quantized_param import QuantizedInitMixin, QuantizedWeight
+from .. import telemetry as _telemetry
 from . import weight_cache as _weight_cache
 from .base import QuantizedModule, init_linear_parameters, register_linear_parameters
 from .grouped_linear_function import (GroupedCall, GroupedLinearFunction, TensorSplits,
@@ -306,6 +307,10 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
         """Tensor m_splits as the call uses them: TensorSplits when the whole call has a
         device-split path (always on the CPU, where the engine reads them), else the host
         list (on a GPU: tolist(), a synchronization; device_splits_plan says why)."""
+        if _telemetry.state.on:
+            # Telemetry observes each expert's rows (linear_gemms.observe_groups), which takes
+            # the host sizes: read them once here rather than leave experts unobserved.
+            return splits.tolist()
         grad = torch.is_grad_enabled()
         uniform = len({grad and w.requires_grad for w in weights}) == 1  # wgrad: all or none
         if splits.device.type == "cpu":

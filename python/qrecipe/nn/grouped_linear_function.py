@@ -55,8 +55,8 @@ def _quantize_rows(quantizer, tensor: torch.Tensor, group_rows: List[int], usage
 
 def _quantize_split(quantizer, tensor: torch.Tensor, splits: "TensorSplits", usage: int):
     """Every grouped quantization by tensor splits goes through here (tests count the calls):
-    one QuantizedGroups for all experts. Telemetry does not observe these: it would read the
-    sizes on the host, the synchronization device splits exist to avoid."""
+    one QuantizedGroups for all experts. Never while telemetry is on: GroupedLinear then
+    passes host sizes (telemetry observes each expert's rows)."""
     refuse_graph_capture(tensor, f"grouped quantization of role {quantizer.role}")
     return _C.quantize_grouped_split(quantizer, tensor, splits.offsets, usage)
 
