@@ -59,7 +59,7 @@ foreign="$front(St|S[absiod]|9__gnu_cxx|10__cxxabiv1|4YAML|5boost)|^(__cxa_|__gx
 qrecipe_api="${front}7qrecipe"
 # Engine internals (declared in engine/src headers): hidden at compile time, see
 # cmake/libqrecipe.version.
-internal="${front}7qrecipe(8cublaslt|15recipe_internal|6detail(12gemm_kernels|11DeviceGuard|18DeviceScalingTable|8gemm_cpu|9gemm_cuda))"
+internal="${front}7qrecipe(8cublaslt|15recipe_internal|6detail(12gemm_kernels|11DeviceGuard|18DeviceScalingTable|8gemm_cpu|9gemm_cuda|7grouped|11host_groups|13host_operands|12host_outputs|14gemm_per_group|14grouped_traits|17gemm_grouped_cuda|21grouped_kernels_built|21grouped_kernel_writes|19grouped_kernel_name|21native_grouped_kernel))"
 
 status=0
 fail() { echo "FAIL $1: $2"; status=1; }

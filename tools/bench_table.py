@@ -38,6 +38,11 @@ def main(paths):
                 extra.append(f"bytes {r['bytes_ratio_to_bf16']:.2f}x bf16's")
             if r.get("floor_ms") is not None:
                 extra.append(f"floor {r['floor_ms']:.3f} ms")
+            if r.get("ratio_to_torchao") is not None:
+                extra.append(f"vs torchao {r['ratio_to_torchao']:.2f}x")
+            if r.get("target") is not None:
+                extra.append(f"target {r['target']:.2f}x ({r.get('target_what', '')}): "
+                             f"gap {r['gap']:+.2f}")
             if r.get("path"):
                 extra.append(r["path"])
             if r.get("error"):

@@ -3,12 +3,19 @@
 # included: CUDA == CPU bit for bit), the benchmarks, the training demo on the GPU and the
 # README's pip install path.
 #
-#   tools/gpu_check.sh [configure|build|test|bench|demo|llama|tp|fsdp|optim|pip|all]...
+#   tools/gpu_check.sh [configure|build|test|bench|demo|llama|tp|fsdp|optim|grouped|pip|all]...
 #                                     (default: all = build test bench demo llama tp fsdp pip)
 #
 #   configure  unpack .deps and configure only (build does this too when needed)
 #   build      unpack, configure unless $BUILD_DIR/CMakeCache.txt exists, build everything
 #   test       ctest -j8 (every suite, the test_gpu_parity_<format> entries included)
+#   grouped    the MoE grouped GEMMs alone (docs/gemm.md "Grouped GEMMs"; not part of all, whose
+#              test and bench stages run the same suites and benchmark): the grouped ctest
+#              suites (test_gpu_grouped_gemm: grouped == per-expert GEMMs and the CPU reference,
+#              every shipped recipe, host and device splits), the adapter's grouped pytest files
+#              (device splits with no host synchronization), then bench_grouped_linear.py with
+#              a budget that keeps it under 3 minutes on an H100, writing
+#              $OUT/bench_grouped_linear.json and $OUT/bench_grouped_linear.md
 #   bench      bench_quantize --out $OUT/bench.json, bench_gemm --out $OUT/bench_gemm.json,
 #              bench/bench_linear.py --out $OUT/bench_linear.json and
 #              bench/bench_grouped_linear.py --out $OUT/bench_grouped_linear.json and
@@ -58,7 +65,10 @@
 # It needs nvcc, cmake (>= 3.24), ninja (or make) and python3 on the machine, and the Debian
 # packages of the other dependencies in .deps/ (libyaml-cpp-dev, libyaml-cpp0.7,
 # libboost1.74-dev, doctest-dev): they are unpacked with `dpkg -x` into $QRECIPE_DEPS_PREFIX
-# (default /opt/deps; nothing is installed system-wide, no network is used).
+# (default /opt/deps; nothing is installed system-wide, no network is used). The CUTLASS
+# headers of the grouped GEMMs come from the nvidia-cutlass wheel: the installed package when
+# python3 imports cutlass_library, else .whl/nvidia_cutlass-*.whl unzipped into the same prefix
+# (without either the build has no grouped kernels, and the configure log says so).
 #
 # Environment:
 #   OUT                  where logs and bench.json go (default ./gpu-out)
@@ -71,7 +81,8 @@
 #   BENCH_ARGS           extra arguments for bench_quantize (e.g. "--runs 50")
 #   BENCH_GEMM_ARGS      extra arguments for bench_gemm (e.g. "--shapes 4096x4096x4096")
 #   BENCH_LINEAR_ARGS    extra arguments for bench_linear.py (e.g. "--recipes default,blockwise")
-#   BENCH_GROUPED_ARGS   extra arguments for bench_grouped_linear.py (e.g. "--configs 8x16384x4096x4096")
+#   BENCH_GROUPED_ARGS   extra arguments for bench_grouped_linear.py (e.g. "--experts 64 --tokens 512")
+#   GROUPED_BUDGET_S     the grouped stage's benchmark budget in seconds after start-up (default 130)
 #   BENCH_HF_ARGS        extra arguments for bench_hf_llama.py (e.g. "--check --samples 7")
 #   BENCH_TP_ARGS        extra arguments for bench_tp.py (e.g. "--recipes default --seq 4096")
 #   BENCH_FSDP_ARGS      extra arguments for bench_fsdp.py in the bench stage (world size 1)
@@ -110,8 +121,8 @@ stages=("$@")
 [[ ${#stages[@]} -eq 0 ]] && stages=(all)
 if [[ " ${stages[*]} " == *" all "* ]]; then stages=(build test bench demo llama tp fsdp pip); fi
 for s in "${stages[@]}"; do
-  case $s in configure|build|test|bench|demo|llama|tp|fsdp|optim|pip) ;;
-    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, demo, llama, tp, fsdp, optim, pip, all)" >&2
+  case $s in configure|build|test|bench|demo|llama|tp|fsdp|optim|grouped|pip) ;;
+    *) echo "gpu_check.sh: unknown stage '$s' (configure, build, test, bench, demo, llama, tp, fsdp, optim, grouped, pip, all)" >&2
        exit 2 ;;
   esac
 done
@@ -210,6 +221,23 @@ PY
   [[ -n $c ]] && echo "$c"
 }
 
+# The CUTLASS include folder (cutlass/cutlass.h): the installed nvidia-cutlass package, or
+# .whl/nvidia_cutlass-*.whl unzipped once into $DEPS/nvidia-cutlass (a wheel is a zip).
+find_cutlass_include() {
+  local c
+  c=$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))" 2>/dev/null)
+  if [[ -n $c && -f $c/cutlass/cutlass.h ]]; then echo "$c"; return 0; fi
+  shopt -s nullglob
+  local wheels=("$root"/.whl/nvidia_cutlass-*.whl)
+  shopt -u nullglob
+  [[ ${#wheels[@]} -eq 0 ]] && return 0
+  c=$DEPS/nvidia-cutlass/cutlass_library/source/include
+  if [[ ! -f $c/cutlass/cutlass.h ]]; then
+    mkdir -p "$DEPS/nvidia-cutlass" && python3 -m zipfile -e "${wheels[0]}" "$DEPS/nvidia-cutlass" >&2 || return 0
+  fi
+  [[ -f $c/cutlass/cutlass.h ]] && echo "$c"
+}
+
 find_nvcc() {
   local nvcc
   nvcc=$(command -v nvcc || true)
@@ -218,9 +246,10 @@ find_nvcc() {
 }
 
 # The -D arguments every configure of this machine needs (the build stage's and the pip
-# stage's): CUDA, the architectures and where the unpacked dependencies are. The C++ runtime
-# needs none: CMake links the shared libstdc++ itself (cmake/QrecipeRuntime.cmake), whatever
-# the compiler's default, and stops at configure time if it cannot.
+# stage's): CUDA, the architectures and where the unpacked dependencies are (CUTLASS's headers
+# for the grouped GEMM kernels included). The C++ runtime needs none: CMake links the shared
+# libstdc++ itself (cmake/QrecipeRuntime.cmake), whatever the compiler's default, and stops at
+# configure time if it cannot.
 dependency_args() {
   local nvcc=$1 cublas=$2
   local args=(
@@ -238,6 +267,9 @@ dependency_args() {
     -DBOOST_ROOT="$DEPS/usr"
   )
   [[ -n $cublas ]] && args+=(-DQRECIPE_CUBLASLT_INCLUDE_DIR="$cublas")
+  local cutlass
+  cutlass=$(find_cutlass_include)
+  [[ -n $cutlass ]] && args+=(-DQRECIPE_CUTLASS_INCLUDE_DIR="$cutlass")
   printf '%s\n' "${args[@]}"
 }
 
@@ -248,6 +280,9 @@ configure() {
   cublas=$(find_cublaslt_include)
   echo "nvcc: $nvcc"
   echo "cublasLt.h: ${cublas:-not found (configure will say what to do)}"
+  local cutlass
+  cutlass=$(find_cutlass_include)
+  echo "CUTLASS headers: ${cutlass:-not found (no grouped GEMM kernels in this build)}"
   command -v ninja >/dev/null && generator=(-G Ninja)
   local args=(-S "$root" -B "$BUILD_DIR" "${generator[@]}" -DQRECIPE_PYTHON="$(python_adapter)")
   mapfile -t -O "${#args[@]}" args < <(dependency_args "$nvcc" "$cublas")
@@ -256,7 +291,7 @@ configure() {
   echo "cmake ${args[*]}"
   cmake "${args[@]}" || return 1
   # Where the dependencies were found (they must all be under $DEPS on the GPU machine).
-  grep -E '^(yaml-cpp_DIR|doctest_DIR|Boost_DIR|Boost_INCLUDE_DIR|QRECIPE_CUBLASLT_INCLUDE_DIR|CMAKE_CUDA_COMPILER):' \
+  grep -E '^(yaml-cpp_DIR|doctest_DIR|Boost_DIR|Boost_INCLUDE_DIR|QRECIPE_CUBLASLT_INCLUDE_DIR|QRECIPE_CUTLASS_INCLUDE_DIR|CMAKE_CUDA_COMPILER):' \
     "$BUILD_DIR/CMakeCache.txt"
 }
 
@@ -348,13 +383,7 @@ do_bench() {
   runtime_env
   local bin=$BUILD_DIR/bin/bench_quantize
   if [[ ! -x $bin ]]; then echo "no $bin: run the build stage first"; return 1; fi
-  if [[ -z ${QRECIPE_COMMIT:-} ]]; then
-    QRECIPE_COMMIT=$(git -C "$root" rev-parse --verify -q HEAD 2>/dev/null) || QRECIPE_COMMIT=unknown
-    if [[ $QRECIPE_COMMIT != unknown ]] && [[ -n $(git -C "$root" status --porcelain 2>/dev/null) ]]; then
-      QRECIPE_COMMIT="$QRECIPE_COMMIT-dirty"
-    fi
-  fi
-  export QRECIPE_COMMIT
+  set_commit
   local rc=0
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of words on purpose
   "$bin" --out "$OUT/bench.json" ${BENCH_ARGS:-} || rc=1
@@ -370,7 +399,8 @@ do_bench() {
       # qrecipe.nn.GroupedLinear (MoE experts) against separate layers (bench/bench_grouped_linear.py).
       # shellcheck disable=SC2086  # BENCH_GROUPED_ARGS is a list of words on purpose
       PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_grouped_linear.py" \
-        --out "$OUT/bench_grouped_linear.json" ${BENCH_GROUPED_ARGS:-} || rc=1
+        --out "$OUT/bench_grouped_linear.json" --md "$OUT/bench_grouped_linear.md" \
+        ${BENCH_GROUPED_ARGS:-} || rc=1
       # FSDP2 steps with quantized parameters against BF16 FSDP2 at world size 1 (bytes the
       # all-gather would move, step time, the FSDP2-vs-one-GPU check; bench/bench_fsdp.py).
       # shellcheck disable=SC2086  # BENCH_FSDP_ARGS is a list of words on purpose
@@ -498,6 +528,56 @@ do_fsdp() {
   return $rc
 }
 
+# ---------------------------------------------------------------- grouped
+
+set_commit() {
+  if [[ -z ${QRECIPE_COMMIT:-} ]]; then
+    QRECIPE_COMMIT=$(git -C "$root" rev-parse --verify -q HEAD 2>/dev/null) || QRECIPE_COMMIT=unknown
+    if [[ $QRECIPE_COMMIT != unknown ]] && [[ -n $(git -C "$root" status --porcelain 2>/dev/null) ]]; then
+      QRECIPE_COMMIT="$QRECIPE_COMMIT-dirty"
+    fi
+  fi
+  export QRECIPE_COMMIT
+}
+
+# The MoE grouped GEMMs: results on the GPU against per-expert GEMMs and the CPU reference,
+# device splits without host synchronization, then the grouped benchmark in under 3 minutes.
+do_grouped() {
+  runtime_env
+  set_commit
+  if [[ ! -f $BUILD_DIR/CTestTestfile.cmake ]]; then echo "no build in $BUILD_DIR: run the build stage first"; return 1; fi
+  if ! has_adapter; then
+    echo "the grouped stage needs the PyTorch adapter (a CUDA torch for python3; QRECIPE_GPU_PYTHON not 0)"
+    return 1
+  fi
+  local rc=0 t0
+  echo "--- grouped GEMMs on the GPU == per-expert GEMMs and the CPU reference (ctest, verbose)"
+  (cd "$BUILD_DIR" && ctest -V --timeout 1200 \
+     -R '^(test_grouped_gemm|test_grouped_quantize|test_gpu_grouped|test_gpu_grouped_gemm)$') \
+     >"$OUT/grouped_ctest.log" 2>&1 || rc=1
+  grep -E '% tests passed|grouped kernels built|grouped GEMM parity|fprop .* grouped .* per expert|ERROR|not supported' \
+    "$OUT/grouped_ctest.log" | sed -E 's/^[0-9]+: //' | head -n 40
+  [[ $rc -eq 0 ]] || { echo "grouped ctest FAILED: see $OUT/grouped_ctest.log"; tail -n 80 "$OUT/grouped_ctest.log"; }
+  echo "--- adapter: GroupedLinear on CUDA (device splits, no host synchronization) and on the CPU"
+  local py_log=$OUT/grouped_pytest.log
+  PYTHONPATH="$BUILD_DIR/python" python3 -m pytest -q -rs -p no:cacheprovider \
+    "$root/tests/python/test_grouped_cuda.py" "$root/tests/python/test_grouped_linear.py" 2>&1 | tee "$py_log"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+  # On a GPU machine the CUDA cases must run: a skip there means no usable CUDA torch.
+  if grep -qE 'SKIPPED .*needs a CUDA device' "$py_log"; then
+    echo "FAILED: CUDA cases were skipped on the GPU machine (see above)"
+    rc=1
+  fi
+  echo "--- bench_grouped_linear.py (budget ${GROUPED_BUDGET_S:-130} s after start-up)"
+  t0=$SECONDS
+  # shellcheck disable=SC2086  # BENCH_GROUPED_ARGS is a list of words on purpose
+  PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_grouped_linear.py" \
+    --budget-s "${GROUPED_BUDGET_S:-130}" --out "$OUT/bench_grouped_linear.json" \
+    --md "$OUT/bench_grouped_linear.md" ${BENCH_GROUPED_ARGS:-} || rc=1
+  echo "bench_grouped_linear.py took $((SECONDS - t0)) s (must stay under 180 s)"
+  return $rc
+}
+
 # ---------------------------------------------------------------- optim
 
 # The optimizer alone: its CUDA == CPU suites, then its benchmark (targets are reported by
@@ -621,6 +701,15 @@ print_summary() {
         | sed -E 's/^.*(MESSAGE|ERROR): /  \1: /' | grep -v 'supports cpu only\|not in QRECIPE_GPU_PARITY_ONLY' | head -n 60
     fi
   fi
+  if [[ " ${summary_order[*]} " == *" grouped "* ]]; then
+    echo
+    echo "grouped:"
+    [[ -f $OUT/grouped_ctest.log ]] && grep -E '% tests passed|grouped GEMM parity|grouped kernels built' \
+      "$OUT/grouped_ctest.log" | sed -E 's/^[0-9]+: //; s/^/  /'
+    [[ -f $OUT/grouped_pytest.log ]] && tail -n 1 "$OUT/grouped_pytest.log" | sed 's/^/  pytest: /'
+    grep -E '^bench_grouped_linear.py took' "$OUT/grouped.log" | sed 's/^/  /'
+    [[ -f $OUT/bench_grouped_linear.md ]] && { echo; cat "$OUT/bench_grouped_linear.md"; }
+  fi
   if [[ -f $OUT/demo.log && " ${summary_order[*]} " == *" demo "* ]]; then
     # The demo's table of losses and its time (tqdm's bars stay in demo.log).
     echo
@@ -654,6 +743,7 @@ for s in "${stages[@]}"; do
     build) stage build do_build || { failed=1; break; } ;;  # nothing to test without a build
     test) stage test do_test || failed=1 ;;
     bench) stage bench do_bench || failed=1 ;;
+    grouped) stage grouped do_grouped || failed=1 ;;
     demo) stage demo do_demo || failed=1 ;;
     llama) stage llama do_llama || failed=1 ;;
     tp) stage tp do_tp || failed=1 ;;

@@ -5,11 +5,15 @@
 #         with its runtimes (libFuzzer, ASan/UBSan/TSan: the sanitizer, fuzz and TSan stages)
 #   pip : torch (CPU build, for the adapter), pytest, scikit-build-core (pip install of the
 #         adapter), tqdm and matplotlib (the training demo's progress bar and loss plot),
-#         cuBLASLt headers (CUDA build, compile only here)
+#         cuBLASLt headers (CUDA build, compile only here), CUTLASS headers (the
+#         nvidia-cutlass wheel: the grouped GEMMs of CUDA builds, docs/gemm.md; installed
+#         without its Python dependencies, only its headers are used)
 set -euo pipefail
 
 APT_PACKAGES=(libyaml-cpp-dev libboost-dev doctest-dev clang libclang-rt-dev)
 PIP_PINS=("nvidia-cublas==13.1.0.3")
+# Header-only use: --no-deps keeps its Python runtime (cuda-python, ...) off the machine.
+NODEPS_PINS=("nvidia-cutlass==4.2.0.0")
 if [[ "${QRECIPE_SETUP_TORCH:-1}" == 1 ]]; then
   # scikit-build-core: `pip install --no-build-isolation .` of the adapter (pyproject.toml)
   PIP_PINS+=("torch==2.13.0" "pytest==8.3.3" "numpy>=1.26,<3" "scikit-build-core==1.1.2")
@@ -29,16 +33,25 @@ if ((${#missing[@]})); then
 fi
 
 PY=${PYTHON:-python3}
-need_pip=()
-for pin in "${PIP_PINS[@]}"; do
-  name=${pin%%[=<>]*}
-  want=${pin#"$name"}
-  have=$($PY -c "import importlib.metadata as m; print(m.version('$name'))" 2>/dev/null || true)
-  if [[ -z "$have" ]]; then need_pip+=("$pin"); continue; fi
-  if [[ "$want" == ==* && "$have" != "${want#==}" ]]; then need_pip+=("$pin"); fi
-done
+# The pins of a list that are missing or at another version.
+missing_pins() {
+  local pin name want have
+  for pin in "$@"; do
+    name=${pin%%[=<>]*}
+    want=${pin#"$name"}
+    have=$($PY -c "import importlib.metadata as m; print(m.version('$name'))" 2>/dev/null || true)
+    if [[ -z "$have" ]]; then echo "$pin"; continue; fi
+    if [[ "$want" == ==* && "$have" != "${want#==}" ]]; then echo "$pin"; fi
+  done
+}
+mapfile -t need_pip < <(missing_pins "${PIP_PINS[@]}")
 if ((${#need_pip[@]})); then
   echo "[setup] pip install ${need_pip[*]}"
   $PY -m pip install -q --disable-pip-version-check "${need_pip[@]}"
+fi
+mapfile -t need_nodeps < <(missing_pins "${NODEPS_PINS[@]}")
+if ((${#need_nodeps[@]})); then
+  echo "[setup] pip install --no-deps ${need_nodeps[*]}"
+  $PY -m pip install -q --disable-pip-version-check --no-deps "${need_nodeps[@]}"
 fi
 echo "[setup] ok"

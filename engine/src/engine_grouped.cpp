@@ -1,7 +1,9 @@
 // Engine::quantize_grouped: quantizes the row groups of one tensor (MoE experts kept in one
 // parameter) as tensors of their own, through the plugin's optional quantize_grouped extra
 // (one call for all groups) or, without it, one `quantize` per group (plugin_abi.h states the
-// contract both paths meet: byte-identical to quantizing each group alone, in order).
+// contract both paths meet: byte-identical to quantizing each group alone, in order). Splits
+// that only the device knows go through the plugin's device extras into one device-split
+// tensor (QR_EXTRA_QUANTIZE_GROUPED_DEVICE).
 #include <array>
 #include <limits>
 #include <sstream>
@@ -150,6 +152,71 @@ void Engine::quantize_grouped_into(const Quantizer& q, const TensorView& src,
     }
     row += group_rows[g];
   }
+}
+
+GroupedQuantizedTensor Engine::quantize_grouped(const Quantizer& q, const TensorView& src,
+                                                const GroupSplits& splits, std::uint32_t usage,
+                                                const QuantizeOptions& options,
+                                                std::shared_ptr<Allocator> allocator) {
+  const TensorView src2d = as_2d(q, src);
+  QR_CHECK(splits.total == src2d.rows(), who(q), ": the splits cover ", splits.total,
+           " rows but the source ", src2d.str(), " has ", src2d.rows(), "; split the rows of "
+           "the tensor being quantized");
+  if (splits.host_readable()) {
+    const std::vector<std::int64_t> rows = splits.host_rows();
+    return GroupedQuantizedTensor(quantize_grouped(q, src2d, rows, usage, options, allocator),
+                                  src2d.cols());
+  }
+  QR_CHECK(usage != 0 && (usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0, who(q),
+           ": usage must be rowwise (1), columnwise (2) or both (3), got ", usage);
+  QR_CHECK(splits.groups <= std::numeric_limits<std::uint32_t>::max(), who(q), ": ",
+           splits.groups, " groups; at most 2^32 - 1 are supported");
+  QR_CHECK_CODE(splits.device == src2d.device(), QR_STATUS_UNSUPPORTED, who(q), ": the group "
+                "offsets live on ", splits.device.str(), " but the source on ",
+                src2d.device().str(), "; keep them on one device");
+  const auto sizes_of = q.plugin().grouped_device_sizes_extra();
+  const auto quantize = q.plugin().quantize_grouped_device_extra();
+  QR_CHECK_CODE(sizes_of != nullptr && quantize != nullptr, QR_STATUS_UNSUPPORTED, who(q),
+                ": the group sizes live on ", splits.device.str(), " and plugin ",
+                q.plugin().path(), " has no device-split grouped quantization (plugin_abi.h ",
+                QR_EXTRA_QUANTIZE_GROUPED_DEVICE, "); pass the splits as host sizes instead "
+                "(the PyTorch adapter then reads them on the host, a synchronization), or pick "
+                "a format whose plugin provides it");
+  QR_CHECK(!options.amax, who(q), ": caller-reduced amaxes cannot be given to device-split "
+           "groups (each group has its own); quantize with host splits instead");
+  check_source(q, src2d);
+  QR_CHECK(src2d.is_contiguous(), who(q), ": a device-split source must be contiguous, got ",
+           src2d.str());
+  if (!allocator) allocator = allocator_;
+  const auto groups = static_cast<std::uint32_t>(splits.groups);
+  std::array<qr_direction_layout, 2> layouts{};
+  std::array<std::array<std::size_t, 2>, 2> sizes{};
+  for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+    if (!(usage & usage_bit(d))) continue;
+    layouts[d] = q.layout(src2d.rows(), src2d.cols(), d);
+    if (qr_status status = sizes_of(q.handle(), src2d.rows(), src2d.cols(), groups, d,
+                                    &sizes[d][0], &sizes[d][1])) {
+      std::ostringstream os;
+      os << who(q) << ": buffer sizes of " << groups << " device-split groups of " << src2d.str()
+         << " (" << direction_name(d) << ")";
+      throw_if_error(status, os.str());
+    }
+  }
+  GroupedQuantizedTensor out(q.format(), src2d.rows(), src2d.cols(), groups, splits.offsets,
+                             usage, layouts, sizes, src2d.device(), allocator);
+  qr_quantize_args args{};
+  args.struct_size = sizeof(qr_quantize_args);
+  args.usage = usage;
+  args.has_rng_offset = options.rng_offset.has_value() ? 1 : 0;
+  args.rng_offset = options.rng_offset.value_or(0);
+  args.stream = options.stream;
+  if (qr_status status = quantize(q.handle(), &src2d.c(), &args, &out.c())) {
+    std::ostringstream os;
+    os << who(q) << " of " << src2d.str() << " in " << groups << " device-split groups ("
+       << usage_str(usage) << ")";
+    throw_if_error(status, os.str());
+  }
+  return out;
 }
 
 }  // namespace qrecipe

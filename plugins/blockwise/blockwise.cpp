@@ -39,10 +39,10 @@
 #include "qrecipe/plugin_sdk_adam.hpp"
 #include "qrecipe/plugin_sdk_checks.hpp"
 #include "qrecipe/plugin_sdk_tensor.hpp"
-#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+// No CUDA types in these two (their functions are defined only in CUDA builds); the
+// device-split size bounds are inline and used by every build.
 #include "blockwise_grouped_kernels.hpp"
 #include "blockwise_kernels.hpp"
-#endif
 
 namespace qrecipe::blockwise {
 namespace {
@@ -164,6 +164,45 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
 #endif
   }
 
+  // Device-split grouped quantization (plugin_abi.h QR_EXTRA_QUANTIZE_GROUPED_DEVICE; CUDA,
+  // 1x128 blocks): the packed layout of blockwise_grouped_kernels.hpp, one launch after a small
+  // layout kernel. 128x128 tiles (weights, grouped by host sizes) are refused.
+  void grouped_device_sizes(std::int64_t rows, std::int64_t cols, std::uint32_t groups,
+                            qr_direction d, std::size_t& data, std::size_t& scales) const {
+    const bool columnwise = d == QR_DIRECTION_COLUMNWISE;
+    data = static_cast<std::size_t>(cuda::device_data_bytes(rows, cols, groups, columnwise));
+    scales = static_cast<std::size_t>(cuda::device_scale_bytes(rows, cols, groups, columnwise));
+  }
+
+  void quantize_grouped_device(const qr_tensor_view& src, const qr_quantize_args& args,
+                               qr_grouped_quantized& dst) {
+    sdk::check_grouped_device_source(src, kFormat);
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    cuda::DeviceGroupedArgs a;
+    a.base = source_args(src, dst.rows, dst.cols, args.stream);
+    a.groups = static_cast<int>(dst.num_groups);
+    a.offsets = dst.offsets;
+    if (args.usage & QR_USAGE_ROWWISE) {
+      const qr_grouped_direction& d =
+          sdk::check_grouped_device_direction(*this, dst, QR_DIRECTION_ROWWISE, false, kFormat);
+      a.base.rowwise_data = static_cast<std::uint8_t*>(d.data);
+      a.base.rowwise_scale_inv = static_cast<float*>(d.scale_inv);
+      a.rowwise_table = d.groups;
+    }
+    if (args.usage & QR_USAGE_COLUMNWISE) {
+      const qr_grouped_direction& d =
+          sdk::check_grouped_device_direction(*this, dst, QR_DIRECTION_COLUMNWISE, false, kFormat);
+      a.base.columnwise_data = static_cast<std::uint8_t*>(d.data);
+      a.base.columnwise_scale_inv = static_cast<float*>(d.scale_inv);
+      a.columnwise_table = d.groups;
+    }
+    cuda::quantize_grouped_device(a);
+#else
+    (void)args;  // unreachable: check_grouped_device_source refuses CUDA sources in this build
+    (void)dst;
+#endif
+  }
+
   // The fused Adam + requantize extra (plugin_sdk_adam.hpp, blockwise_adam_kernels.cu): what
   // the fused kernel needs (t's destination is checked against layout() already).
   cuda::AdamPlan adam_plan(const qr_adam_tensor& t) const {
@@ -245,16 +284,7 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
                                qr_quantized_tensor& dst, std::int64_t rows, std::int64_t cols,
                                const char* op) const {
     sdk::require_contiguous_source(src, kFormat, op);
-    const auto src_dtype = static_cast<qr_dtype>(src.dtype);
-    cuda::QuantizeArgs a;
-    a.src = src.data;
-    a.src_dtype = src_dtype;
-    a.rows = rows;
-    a.cols = cols;
-    a.tile_128x128 = params_.block == ref::BlockShape::k128x128;
-    a.pow2_scales = params_.pow2_scales;
-    a.amax_epsilon = params_.amax_epsilon;
-    a.value_for_inf = ref::value_for_inf(src_dtype);  // throws for other dtypes
+    cuda::QuantizeArgs a = source_args(src, rows, cols, args.stream);
     if (args.usage & QR_USAGE_ROWWISE) {
       a.rowwise_data = static_cast<std::uint8_t*>(dst.rowwise.data.data);
       a.rowwise_scale_inv = static_cast<float*>(dst.rowwise.scale_inv.data);
@@ -265,8 +295,24 @@ class BlockwiseQuantizer final : public sdk::QuantizerBase {
       a.columnwise_scale_inv = static_cast<float*>(dst.columnwise.scale_inv.data);
       a.columnwise_scale_ld = dst.columnwise.layout.scale_shape[1];
     }
+    return a;
+  }
+
+  // The kernel arguments of a [rows, cols] source without its destination buffers.
+  cuda::QuantizeArgs source_args(const qr_tensor_view& src, std::int64_t rows, std::int64_t cols,
+                                 void* stream) const {
+    const auto src_dtype = static_cast<qr_dtype>(src.dtype);
+    cuda::QuantizeArgs a;
+    a.src = src.data;
+    a.src_dtype = src_dtype;
+    a.rows = rows;
+    a.cols = cols;
+    a.tile_128x128 = params_.block == ref::BlockShape::k128x128;
+    a.pow2_scales = params_.pow2_scales;
+    a.amax_epsilon = params_.amax_epsilon;
+    a.value_for_inf = ref::value_for_inf(src_dtype);  // throws for other dtypes
     a.device_index = src.device.index;
-    a.stream = args.stream;
+    a.stream = stream;
     return a;
   }
 #endif

@@ -81,11 +81,12 @@ struct QuantizeParams {
   float* rowwise_scale_inv;
   std::int64_t rowwise_scale_ld;
   std::uint8_t* columnwise_data;  // nullptr: columnwise not requested
+  std::int64_t columnwise_ld;     // bytes between rows of the transposed [cols, rows] codes
   float* columnwise_scale_inv;
   std::int64_t columnwise_scale_ld;
   bool load_aligned;              // cols % 8 == 0 and src 16-byte aligned
   bool rowwise_store_aligned;     // cols % 8 == 0 and rowwise data 8-byte aligned
-  bool columnwise_store_aligned;  // rows % 4 == 0 and columnwise data 4-byte aligned
+  bool columnwise_store_aligned;  // columnwise_ld % 4 == 0 and columnwise data 4-byte aligned
   bool all_aligned;               // every flag above that the request uses
 };
 
@@ -315,7 +316,7 @@ __device__ __forceinline__ void store_columnwise_codes(
   // consecutive bytes of output row c.
   const std::int64_t r = L.row0 + L.lane_row;
   const int valid_rows = kInterior ? R : valid_in_run(r, p.rows, R);
-  const std::int64_t column_offset = L.col * p.rows + r;  // code of (r, col)
+  const std::int64_t column_offset = L.col * p.columnwise_ld + r;  // code of (r, col)
 #pragma unroll
   for (int k = 0; k < C; ++k) {
     const float scale = kTile128x128 ? sh.tile_scale : sh.col_scale[L.lane_col + k];
@@ -325,9 +326,9 @@ __device__ __forceinline__ void store_columnwise_codes(
     const std::uint32_t word =
         encode_pair(y[0], y[1], has_nan) | (encode_pair(y[2], y[3], has_nan) << 16);
     if constexpr (kInterior) {
-      store_bytes4(p.columnwise_data, column_offset + k * p.rows, R, true, word);
+      store_bytes4(p.columnwise_data, column_offset + k * p.columnwise_ld, R, true, word);
     } else if (k < L.valid_cols && valid_rows > 0) {
-      store_bytes4(p.columnwise_data, column_offset + k * p.rows, valid_rows,
+      store_bytes4(p.columnwise_data, column_offset + k * p.columnwise_ld, valid_rows,
                    p.columnwise_store_aligned && valid_rows == R, word);
     }
   }
@@ -364,15 +365,16 @@ __device__ __noinline__ void quantize_edge_tile(const QuantizeParams<In> p, std:
 }
 
 // The parameters of quantize_tile for one tensor (one group of a grouped call) described by
-// `a`, its buffers already checked (blockwise_kernels.cu quantize).
+// `a`, its buffers already checked (blockwise_kernels.cu quantize). Also made on the device, for
+// device-split groups (blockwise_grouped_kernels.cu).
 template <class In, Directions D>
-QuantizeParams<In> quantize_params(const QuantizeArgs& a) {
+__host__ __device__ QuantizeParams<In> quantize_params(const QuantizeArgs& a) {
   using T = QuantizeTile<In>;
   QuantizeParams<In> p{};
   p.src = static_cast<const typename In::Storage*>(a.src);
   p.rows = a.rows;
   p.cols = a.cols;
-  p.tile_rows = sdk::ceil_div(a.rows, T::kRows);
+  p.tile_rows = (a.rows + T::kRows - 1) / T::kRows;
   p.pow2_scales = a.pow2_scales;
   p.amax_epsilon = a.amax_epsilon;
   p.value_for_inf = a.value_for_inf;
@@ -380,14 +382,15 @@ QuantizeParams<In> quantize_params(const QuantizeArgs& a) {
   p.rowwise_scale_inv = a.rowwise_scale_inv;
   p.rowwise_scale_ld = a.rowwise_scale_ld;
   p.columnwise_data = a.columnwise_data;
+  p.columnwise_ld = a.columnwise_ld != 0 ? a.columnwise_ld : a.rows;
   p.columnwise_scale_inv = a.columnwise_scale_inv;
   p.columnwise_scale_ld = a.columnwise_scale_ld;
   // Row runs start at multiples of 8 within a row: with cols % 8 == 0 every run starts
   // 16-byte (source) and 8-byte (codes) aligned when the buffers do; column runs start at
-  // multiples of 4 within a row of `rows` bytes of the transposed data.
+  // multiples of 4 within a row of columnwise_ld bytes of the transposed data.
   p.load_aligned = a.cols % 8 == 0 && is_aligned(a.src, 16);
   p.rowwise_store_aligned = a.cols % 8 == 0 && is_aligned(a.rowwise_data, 8);
-  p.columnwise_store_aligned = a.rows % 4 == 0 && is_aligned(a.columnwise_data, 4);
+  p.columnwise_store_aligned = p.columnwise_ld % 4 == 0 && is_aligned(a.columnwise_data, 4);
   p.all_aligned = p.load_aligned && (!has_rowwise(D) || p.rowwise_store_aligned) &&
                   (!has_columnwise(D) || p.columnwise_store_aligned);
   return p;

@@ -5,6 +5,7 @@
 //   1. the tile of a group: what the SDK's grouped kernel (qrecipe/cuda_sdk.cuh
 //      grouped_tile_kernel: one 128 x 128 tile of one group per CTA) runs
 //   2. the launcher (dtype / block / direction dispatch) and the entry
+//   3. device-split groups: the layout kernel, the launch sized for any split, the entry
 //
 // One launch serves every group: each group's quantize_tile parameters (the very
 // QuantizeParams that blockwise_kernels.cu's quantize would pass for that group alone, made by
@@ -12,7 +13,10 @@
 // parameter, and a CTA finds its group by binary search over the table's prefix sums of tiles
 // (computed once on the host per call). Tiles start at each group's first row, so no 128 x 1
 // block or 128 x 128 tile ever crosses an expert boundary: exactly the blocks of a per-group
-// call, quantized by the same code (blockwise_device.cuh quantize_tile).
+// call, quantized by the same code (blockwise_device.cuh quantize_tile). Device-split groups
+// (section 3) run the same tile code from a table in device memory that a one-block layout
+// kernel writes from the offsets, with the same quantize_params (sdk::cuda's
+// device_grouped_tile_kernel: tiles past the real count return at once).
 //
 // Exactness: that of blockwise_kernels.cu (same tile code, same flags: -fmad=false
 // --ftz=false --prec-div=true, QrecipeCompileFlags.cmake).
@@ -81,6 +85,83 @@ void dispatch_block(const std::vector<QuantizeArgs>& groups, bool rowwise, bool 
   else dispatch_directions<In, false>(groups, rowwise, columnwise);
 }
 
+// ---------------------------------------------------------------- 3. device-split groups
+
+// One block: each group's rows from the offsets, and as prefix sums its tiles, its padded
+// columnwise rows and its two scale arrays (1x128 blocks: rowwise [ceil(cols/128)][roundup(
+// rows, 4)], columnwise [ceil(rows/128)][roundup(cols, 4)], the reference's layouts); writes
+// the kernel's entries (the QuantizeParams quantize_params makes for the group alone, with
+// the packed pointers), the consumers' qr_group_entry tables and the real tile count.
+template <class In, Directions D>
+__global__ void __launch_bounds__(sdk::cuda::kScanThreads)
+    device_layout_kernel(const DeviceGroupedArgs a,
+                         sdk::cuda::TileGroup<QuantizeParams<In>>* entries, std::int64_t* total) {
+  using Tile = GroupTile<In, false, D>;
+  const QuantizeArgs& b = a.base;
+  const std::int64_t cols = b.cols;
+  const std::int64_t col_blocks = (cols + kBlock - 1) / kBlock;
+  const std::int64_t padded_cols = (cols + kScalePad - 1) / kScalePad * kScalePad;
+  const auto up = [](std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; };
+  sdk::cuda::scan_groups<4>(
+      a.groups,
+      [&](int g, std::int64_t* c) {
+        const std::int64_t rows = a.offsets[g + 1] - a.offsets[g];
+        c[0] = sdk::cuda::group_tiles<Tile>(rows, cols);
+        c[1] = up(rows, kColumnwiseRowAlign);
+        c[2] = col_blocks * up(rows, kScalePad);
+        c[3] = padded_cols * ((rows + kBlock - 1) / kBlock);
+      },
+      [&](int g, const std::int64_t* first) {
+        if (g == a.groups) {
+          *total = first[0];
+          return;
+        }
+        const std::int64_t row = a.offsets[g], rows = a.offsets[g + 1] - row;
+        QuantizeArgs q = b;
+        q.src = static_cast<const typename In::Storage*>(b.src) + row * cols;
+        q.rows = rows;
+        if constexpr (has_rowwise(D)) {
+          q.rowwise_data = b.rowwise_data + row * cols;
+          q.rowwise_scale_inv = b.rowwise_scale_inv + first[2];
+          q.rowwise_scale_ld = up(rows, kScalePad);
+          a.rowwise_table[g] = {q.rowwise_data, q.rowwise_scale_inv, nullptr, rows, cols,
+                                q.rowwise_scale_ld};
+        }
+        if constexpr (has_columnwise(D)) {
+          q.columnwise_data = b.columnwise_data + cols * first[1];
+          q.columnwise_ld = up(rows, kColumnwiseRowAlign);
+          q.columnwise_scale_inv = b.columnwise_scale_inv + first[3];
+          q.columnwise_scale_ld = padded_cols;
+          a.columnwise_table[g] = {q.columnwise_data, q.columnwise_scale_inv, nullptr, rows,
+                                   q.columnwise_ld, q.columnwise_scale_ld};
+        }
+        entries[g] = {first[0], quantize_params<In, D>(q)};
+      });
+}
+
+template <class In, Directions D>
+void launch_device(const DeviceGroupedArgs& a) {
+  using Tile = GroupTile<In, false, D>;
+  const cudaStream_t stream = as_stream(a.base.stream);
+  const sdk::cuda::StreamScratch<sdk::cuda::TileGroup<typename Tile::Params>> entries(
+      static_cast<std::size_t>(a.groups), stream, kFormat);
+  const sdk::cuda::StreamScratch<std::int64_t> total(1, stream, kFormat);
+  device_layout_kernel<In, D><<<1, sdk::cuda::kScanThreads, 0, stream>>>(a, entries.get(),
+                                                                          total.get());
+  QR_CUDA_CHECK_LAUNCH("blockwise device_layout_kernel");
+  sdk::cuda::launch_device_grouped_tiles<Tile>({entries.get(), a.groups, total.get()},
+                                               a.base.rows, a.base.cols, stream, kFormat);
+}
+
+template <class In>
+void dispatch_device(const DeviceGroupedArgs& a) {
+  const bool rowwise = a.base.rowwise_data != nullptr;
+  const bool columnwise = a.base.columnwise_data != nullptr;
+  if (!columnwise) launch_device<In, Directions::kRowwise>(a);
+  else if (!rowwise) launch_device<In, Directions::kColumnwise>(a);
+  else launch_device<In, Directions::kBoth>(a);
+}
+
 }  // namespace
 
 void quantize_grouped(const std::vector<QuantizeArgs>& groups) {
@@ -127,6 +208,31 @@ void quantize_grouped(const std::vector<QuantizeArgs>& groups) {
     case QR_DTYPE_F32: dispatch_block<F32In>(groups, rowwise, columnwise); break;
     case QR_DTYPE_BF16: dispatch_block<BF16In>(groups, rowwise, columnwise); break;
     default: dispatch_block<F16In>(groups, rowwise, columnwise); break;
+  }
+}
+
+void quantize_grouped_device(const DeviceGroupedArgs& a) {
+  const QuantizeArgs& b = a.base;
+  sdk::cuda::check_source_dtype(b.src_dtype, kFormat, "quantize_grouped_device");
+  QR_CHECK_CODE(!b.tile_128x128, QR_STATUS_UNSUPPORTED, "blockwise CUDA quantize_grouped_device: "
+                "128x128 tiles with device-split groups are not supported (weights are grouped "
+                "by host sizes); pass the splits as host sizes");
+  QR_CHECK(a.groups >= 1 && a.offsets != nullptr, "blockwise CUDA quantize_grouped_device: ",
+           a.groups, " groups, offsets ", a.offsets ? "given" : "null");
+  QR_CHECK(b.rows >= 0 && b.cols >= 0, "blockwise CUDA quantize_grouped_device: negative shape");
+  QR_CHECK(b.rowwise_data || b.columnwise_data,
+           "blockwise CUDA quantize_grouped_device: neither direction was requested");
+  QR_CHECK((!b.rowwise_data || (b.rowwise_scale_inv && a.rowwise_table)) &&
+               (!b.columnwise_data || (b.columnwise_scale_inv && a.columnwise_table)),
+           "blockwise CUDA quantize_grouped_device: a requested direction has no scale buffer "
+           "or group table");
+  QR_CHECK(b.rows * b.cols == 0 || b.src != nullptr,
+           "blockwise CUDA quantize_grouped_device: the source has a null data pointer");
+  DeviceGuard guard(b.device_index, kFormat);
+  switch (b.src_dtype) {
+    case QR_DTYPE_F32: dispatch_device<F32In>(a); break;
+    case QR_DTYPE_BF16: dispatch_device<BF16In>(a); break;
+    default: dispatch_device<F16In>(a); break;
   }
 }
 

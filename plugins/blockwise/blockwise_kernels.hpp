@@ -33,7 +33,10 @@ struct QuantizeArgs {
   float* rowwise_scale_inv = nullptr;
   std::int64_t rowwise_scale_ld = 0;
   // Columnwise: data transposed [cols, rows]; scale_inv likewise. nullptr: not requested.
+  // columnwise_ld: bytes between the data's rows, 0 for `rows` (a device-split group's rows
+  // are padded, blockwise_grouped_kernels.hpp).
   std::uint8_t* columnwise_data = nullptr;
+  std::int64_t columnwise_ld = 0;
   float* columnwise_scale_inv = nullptr;
   std::int64_t columnwise_scale_ld = 0;
   int device_index = 0;

@@ -52,10 +52,10 @@
 #include "qrecipe/plugin_sdk_adam.hpp"
 #include "qrecipe/plugin_sdk_checks.hpp"
 #include "qrecipe/plugin_sdk_tensor.hpp"
-#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+// No CUDA types in these two (their functions are defined only in CUDA builds); the
+// device-split size bound is inline and used by every build.
 #include "float8_grouped_kernels.hpp"
 #include "float8_kernels.hpp"
-#endif
 
 namespace qrecipe::float8 {
 namespace {
@@ -221,6 +221,53 @@ class Float8Quantizer final : public sdk::QuantizerBase {
       return;
     }
     quantize_grouped_cuda(src, group_rows, args, dst);
+  }
+
+  // Device-split grouped quantization (plugin_abi.h QR_EXTRA_QUANTIZE_GROUPED_DEVICE; CUDA
+  // only): the packed layout of float8_grouped_kernels.hpp (columnwise rows padded to 16 per
+  // group), one scale_inv and amax per group and direction.
+  void grouped_device_sizes(std::int64_t rows, std::int64_t cols, std::uint32_t groups,
+                            qr_direction d, std::size_t& data, std::size_t& scales) const {
+    data = static_cast<std::size_t>(
+        d == QR_DIRECTION_ROWWISE ? qrecipe::checked_mul(rows, cols, "device-split grouped data bytes")
+                                  : cuda::device_columnwise_bytes(rows, cols, groups));
+    scales = sizeof(float) * groups;
+  }
+
+  void quantize_grouped_device(const qr_tensor_view& src, const qr_quantize_args& args,
+                               qr_grouped_quantized& dst) {
+    sdk::check_grouped_device_source(src, kFormat);
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    cuda::DeviceGroupedArgs a;
+    a.src = src.data;
+    a.src_dtype = static_cast<qr_dtype>(src.dtype);
+    a.rows = dst.rows;
+    a.cols = dst.cols;
+    a.data_dtype = o_.dtype;
+    a.groups = static_cast<int>(dst.num_groups);
+    a.offsets = dst.offsets;
+    if (args.usage & QR_USAGE_ROWWISE) {
+      const qr_grouped_direction& d =
+          sdk::check_grouped_device_direction(*this, dst, QR_DIRECTION_ROWWISE, true, kFormat);
+      a.rowwise = static_cast<std::uint8_t*>(d.data);
+      a.rowwise_scale_inv = static_cast<float*>(d.scale_inv);
+      a.rowwise_amax = d.amax;
+      a.rowwise_table = d.groups;
+    }
+    if (args.usage & QR_USAGE_COLUMNWISE) {
+      const qr_grouped_direction& d =
+          sdk::check_grouped_device_direction(*this, dst, QR_DIRECTION_COLUMNWISE, true, kFormat);
+      a.columnwise = static_cast<std::uint8_t*>(d.data);
+      a.columnwise_scale_inv = static_cast<float*>(d.scale_inv);
+      a.columnwise_amax = d.amax;
+      a.columnwise_table = d.groups;
+    }
+    set_grouped_scaling(a, src.device, args.stream);
+    cuda::quantize_grouped_device(a);
+#else
+    (void)args;  // unreachable: check_grouped_device_source refuses CUDA sources in this build
+    (void)dst;
+#endif
   }
 
   // The fused Adam + requantize extra (plugin_sdk_adam.hpp, float8_adam_kernels.cu): this
@@ -630,6 +677,26 @@ class Float8Quantizer final : public sdk::QuantizerBase {
 #endif
   }
 
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+  // The scaling fields, device and stream both grouped entries pass (GroupedCastArgs,
+  // DeviceGroupedArgs): current scaling's parameters, or the delayed state on the source's
+  // device.
+  template <class Args>
+  void set_grouped_scaling(Args& a, const qr_device& device, void* stream) {
+    if (o_.scaling == Scaling::current) {
+      a.fmax = ref::fp8_max(o_.dtype);
+      a.pow2_scales = o_.pow2_scales;
+      a.amax_epsilon = o_.amax_epsilon;
+    } else {
+      ensure_state_on(device);
+      a.delayed_scale = state_.scale;
+      a.history_row0 = state_.amax_history;
+    }
+    a.device_index = device.index;
+    a.stream = stream;
+  }
+#endif
+
   void quantize_grouped_cuda(const qr_tensor_view& src, std::span<const std::int64_t> group_rows,
                              const qr_quantize_args& args,
                              std::span<qr_quantized_tensor* const> dst) {
@@ -659,17 +726,7 @@ class Float8Quantizer final : public sdk::QuantizerBase {
         o.columnwise_amax = static_cast<float*>(t.columnwise.amax.data);
       }
     });
-    if (o_.scaling == Scaling::current) {
-      a.fmax = ref::fp8_max(o_.dtype);
-      a.pow2_scales = o_.pow2_scales;
-      a.amax_epsilon = o_.amax_epsilon;
-    } else {
-      ensure_state_on(src.device);
-      a.delayed_scale = state_.scale;
-      a.history_row0 = state_.amax_history;
-    }
-    a.device_index = src.device.index;
-    a.stream = args.stream;
+    set_grouped_scaling(a, src.device, args.stream);
     cuda::quantize_grouped(a);
 #else
     (void)src;  // unreachable: quantize_grouped refuses CUDA sources in this build

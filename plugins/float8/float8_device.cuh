@@ -286,7 +286,7 @@ struct TileShape {
 
 struct TileFlags {
   bool vector_rows;     // src 16-byte aligned, cols % kVector == 0, rowwise kVector-aligned
-  bool vector_columns;  // columnwise 16-byte aligned and rows % 16 == 0
+  bool vector_columns;  // columnwise 16-byte aligned and columnwise_ld % 16 == 0
 };
 
 // Edge tiles (or unaligned data), element by element with the same bytes, out of line so the
@@ -320,11 +320,13 @@ __device__ __noinline__ float edge_tile_codes(const typename In::Storage* src, s
 template <class T>
 __device__ __noinline__ void edge_tile_columns(const std::uint8_t* tile_bytes, std::int64_t rows,
                                                std::int64_t cols, std::int64_t row0,
-                                               std::int64_t col0, std::uint8_t* columnwise) {
+                                               std::int64_t col0, std::uint8_t* columnwise,
+                                               std::int64_t columnwise_ld) {
   for (int e = static_cast<int>(threadIdx.x); e < T::kRows * T::kCols; e += T::kThreads) {
     const int c = e / T::kRows, r = e % T::kRows;
     const std::int64_t gr = row0 + r, gc = col0 + c;
-    if (gr < rows && gc < cols) columnwise[gc * rows + gr] = tile_bytes[T::byte_index(r, c)];
+    if (gr < rows && gc < cols)
+      columnwise[gc * columnwise_ld + gr] = tile_bytes[T::byte_index(r, c)];
   }
 }
 
@@ -374,7 +376,8 @@ __device__ __forceinline__ void load_cast_tile(
 
 // Casts the tile with `scale`: phase 1 quantizes, stores the rowwise codes (rowwise may be
 // null) and parks the codes transposed in `tile`; phase 2 stores them into columnwise
-// [cols, rows]. Block-uniform (a barrier between the phases). Returns this thread's running
+// [cols, rows] with rows columnwise_ld bytes apart (rows for a tensor of its own; a device-split
+// group's padded rows). Block-uniform (a barrier between the phases). Returns this thread's running
 // amax. RowOut other than SameCodes: the rowwise codes are RowOut's of x * row_scale.
 template <class In, class Out, class RowOut = SameCodes>
 __device__ __forceinline__ float cast_transpose_tile(
@@ -382,7 +385,7 @@ __device__ __forceinline__ float cast_transpose_tile(
     const CastTile& at, float scale,
     const uint4 (&raw)[TileShape<In>::kPasses][TileShape<In>::kMicroRows],
     std::uint8_t* __restrict__ rowwise, std::uint8_t* __restrict__ columnwise,
-    const TileFlags& flags,
+    std::int64_t columnwise_ld, const TileFlags& flags,
     std::uint32_t (&tile)[TileShape<In>::kCols][TileShape<In>::kWordsPerCol],
     float row_scale = 0.0f) {
   constexpr bool kOwnRow = !std::is_same_v<RowOut, SameCodes>;
@@ -449,10 +452,10 @@ __device__ __forceinline__ float cast_transpose_tile(
         const uint4 physical = v;
         v = make_uint4(physical.z, physical.w, physical.x, physical.y);
       }
-      store16(columnwise + (col0 + col) * rows + row0 + 16 * g, v);
+      store16(columnwise + (col0 + col) * columnwise_ld + row0 + 16 * g, v);
     }
   } else {
-    edge_tile_columns<T>(tile_bytes, rows, cols, row0, col0, columnwise);
+    edge_tile_columns<T>(tile_bytes, rows, cols, row0, col0, columnwise, columnwise_ld);
   }
   return running;
 }

@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "qrecipe/checked.hpp"
+
 #include "qrecipe/plugin_abi.h"
 
 namespace qrecipe::float8::cuda {
@@ -57,5 +59,54 @@ struct GroupedCastArgs {
 // Quantizes every group (both directions as requested per group; every group must request the
 // same directions). Writes each group's data, scale_inv and amax.
 void quantize_grouped(const GroupedCastArgs& args);
+
+// Device-split groups (plugin_abi.h QR_EXTRA_QUANTIZE_GROUPED_DEVICE): group g is rows
+// [offsets[g], offsets[g + 1]) of src, the offsets in device memory, so the host never learns
+// the group sizes; the same bytes per group as quantize_grouped. The outputs are packed:
+// rowwise data [rows, cols] (group g from row offsets[g]); columnwise data group after group,
+// each [cols, ld_g] with ld_g = rows_g rounded up to kColumnwiseRowAlign (16-byte aligned rows
+// for the grouped GEMM's TMA loads; the padding is never written or read); one scale_inv and
+// one amax per group and direction (zero-filled by the caller). A small kernel computes the
+// layout from the offsets and writes the requested directions' qr_group_entry tables; the amax
+// and cast launches are sized for any split (blocks past the real count return at once).
+inline constexpr std::int64_t kColumnwiseRowAlign = 16;
+
+struct DeviceGroupedArgs {
+  const void* src = nullptr;          // device, contiguous [rows, cols]
+  qr_dtype src_dtype = QR_DTYPE_F32;
+  std::int64_t rows = 0, cols = 0;
+  qr_dtype data_dtype = QR_DTYPE_E4M3;
+  int groups = 0;
+  const std::int64_t* offsets = nullptr;  // device [groups + 1]
+  // A direction is requested when its data pointer is set.
+  std::uint8_t* rowwise = nullptr;
+  float* rowwise_scale_inv = nullptr;      // [groups]
+  float* rowwise_amax = nullptr;           // [groups]
+  qr_group_entry* rowwise_table = nullptr; // device [groups]
+  std::uint8_t* columnwise = nullptr;
+  float* columnwise_scale_inv = nullptr;
+  float* columnwise_amax = nullptr;
+  qr_group_entry* columnwise_table = nullptr;
+  // Scaling, as GroupedCastArgs.
+  float fmax = 448.0f;
+  bool pow2_scales = false;
+  float amax_epsilon = 0.0f;
+  const float* delayed_scale = nullptr;
+  float* history_row0 = nullptr;
+  int device_index = 0;
+  void* stream = nullptr;
+};
+
+// Bytes of the packed columnwise data for any split of `rows` rows into `groups` groups.
+// Checked: a qrecipe::Error rather than a wrapped size.
+inline std::int64_t device_columnwise_bytes(std::int64_t rows, std::int64_t cols, std::int64_t groups) {
+  using qrecipe::checked_add, qrecipe::checked_mul;
+  constexpr const char* what = "device-split grouped columnwise bytes";
+  const std::int64_t padded_rows =
+      checked_add(rows, checked_mul(kColumnwiseRowAlign - 1, groups, what), what);
+  return checked_mul(cols, padded_rows, what);
+}
+
+void quantize_grouped_device(const DeviceGroupedArgs& args);
 
 }  // namespace qrecipe::float8::cuda

@@ -361,8 +361,8 @@ __global__ void __launch_bounds__(TileShape<In>::kThreads,
     row_scale = own_rowwise_scale(row);
   }
   const float running = cast_transpose_tile<In, Out, RowOut>(src, rows, cols, at, scale, raw,
-                                                             rowwise, columnwise, flags, tile,
-                                                             row_scale);
+                                                             rowwise, columnwise, rows, flags,
+                                                             tile, row_scale);
   accumulate_block_amax<T::kThreads>(s, running);
 }
 

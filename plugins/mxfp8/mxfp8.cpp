@@ -38,10 +38,10 @@
 #include "qrecipe/plugin_sdk_adam.hpp"
 #include "qrecipe/plugin_sdk_checks.hpp"
 #include "qrecipe/plugin_sdk_tensor.hpp"
-#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+// No CUDA types in these two (their functions are defined only in CUDA builds); the
+// device-split size bounds are inline and used by every build.
 #include "mxfp8_grouped_kernels.hpp"
 #include "mxfp8_kernels.hpp"
-#endif
 
 namespace qrecipe::mxfp8 {
 namespace {
@@ -151,6 +151,55 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
                           groups.push_back(cuda_args(rows, usage, out, args.stream));
                         });
     cuda::quantize_grouped(groups);
+#endif
+  }
+
+  // Device-split grouped quantization (plugin_abi.h QR_EXTRA_QUANTIZE_GROUPED_DEVICE; CUDA):
+  // the packed layout of mxfp8_grouped_kernels.hpp, one launch after a small layout kernel.
+  void grouped_device_sizes(std::int64_t rows, std::int64_t cols, std::uint32_t groups,
+                            qr_direction d, std::size_t& data, std::size_t& scales) const {
+    const bool columnwise = d == QR_DIRECTION_COLUMNWISE;
+    const std::int64_t ld = columnwise ? ref::columnwise_scale_shape(0, cols).cols
+                                       : ref::rowwise_scale_shape(0, cols).cols;
+    data = static_cast<std::size_t>(qrecipe::checked_mul(rows, cols, "device-split grouped data bytes"));
+    scales = static_cast<std::size_t>(cuda::device_scale_bytes(rows, ld, groups, columnwise));
+  }
+
+  void quantize_grouped_device(const qr_tensor_view& src, const qr_quantize_args& args,
+                               qr_grouped_quantized& dst) {
+    sdk::check_grouped_device_source(src, kFormat);
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    cuda::DeviceGroupedArgs a;
+    cuda::QuantizeArgs& b = a.base;
+    b.src = src.data;
+    b.src_dtype = static_cast<qr_dtype>(src.dtype);
+    b.rows = dst.rows;
+    b.cols = dst.cols;
+    b.data_dtype = data_dtype_;
+    b.device_index = src.device.index;
+    b.stream = args.stream;
+    a.groups = static_cast<int>(dst.num_groups);
+    a.offsets = dst.offsets;
+    if (args.usage & QR_USAGE_ROWWISE) {
+      const qr_grouped_direction& d =
+          sdk::check_grouped_device_direction(*this, dst, QR_DIRECTION_ROWWISE, false, kFormat);
+      b.rowwise_data = static_cast<std::uint8_t*>(d.data);
+      b.rowwise_scale = static_cast<std::uint8_t*>(d.scale_inv);
+      b.rowwise_scale_ld = ref::rowwise_scale_shape(0, dst.cols).cols;
+      a.rowwise_table = d.groups;
+    }
+    if (args.usage & QR_USAGE_COLUMNWISE) {
+      const qr_grouped_direction& d =
+          sdk::check_grouped_device_direction(*this, dst, QR_DIRECTION_COLUMNWISE, false, kFormat);
+      b.columnwise_data = static_cast<std::uint8_t*>(d.data);
+      b.columnwise_scale = static_cast<std::uint8_t*>(d.scale_inv);
+      b.columnwise_scale_ld = ref::columnwise_scale_shape(0, dst.cols).cols;
+      a.columnwise_table = d.groups;
+    }
+    cuda::quantize_grouped_device(a);
+#else
+    (void)args;  // unreachable: check_grouped_device_source refuses CUDA sources in this build
+    (void)dst;
 #endif
   }
 

@@ -295,15 +295,16 @@ __device__ __noinline__ void quantize_edge_tile(const QuantizeParams<In> p, std:
 }
 
 // The parameters of quantize_cta_tile for one tensor (one group of a grouped call) described
-// by `a`, its buffers already checked (mxfp8_kernels.cu quantize).
+// by `a`, its buffers already checked (mxfp8_kernels.cu quantize). Also made on the device, for
+// device-split groups (mxfp8_grouped_kernels.cu).
 template <class In, Directions D>
-QuantizeParams<In> quantize_params(const QuantizeArgs& a) {
+__host__ __device__ QuantizeParams<In> quantize_params(const QuantizeArgs& a) {
   using T = QuantizeTile<In, D>;
   QuantizeParams<In> p{};
   p.src = static_cast<const typename In::Storage*>(a.src);
   p.rows = a.rows;
   p.cols = a.cols;
-  p.row_tiles = sdk::ceil_div(a.rows, T::kRows);
+  p.row_tiles = (a.rows + T::kRows - 1) / T::kRows;
   p.rowwise_data = a.rowwise_data;
   p.rowwise_scale = a.rowwise_scale;
   p.rowwise_scale_ld = a.rowwise_scale_ld;

@@ -5,6 +5,7 @@
 //   1. the tile of a group: what the SDK's grouped kernel (qrecipe/cuda_sdk.cuh
 //      grouped_tile_kernel: one 32 x 256 CTA tile of one group per CTA) runs
 //   2. the launcher (dtype / codes / direction dispatch) and the entry
+//   3. device-split groups: the layout kernel, the launch sized for any split, the entry
 //
 // One launch serves every group: each group's quantize_cta_tile parameters (the very
 // QuantizeParams that mxfp8_kernels.cu's quantize would pass for that group alone, made by the
@@ -13,7 +14,10 @@
 // (computed once on the host per call). Tiles start at each group's first row, so a
 // columnwise block of 32 rows never crosses an expert boundary and ends, partial, where the
 // group ends: exactly the blocks of a per-group call, quantized by the same code
-// (mxfp8_device.cuh quantize_cta_tile).
+// (mxfp8_device.cuh quantize_cta_tile). Device-split groups (section 3) run the same tile code
+// from a table in device memory that a one-block layout kernel writes from the offsets, with
+// the same quantize_params (sdk::cuda's device_grouped_tile_kernel: tiles past the real count
+// return at once).
 //
 // Exactness: that of mxfp8_kernels.cu (same tile code, same flags: -fmad=false --ftz=false
 // --prec-div=true, QrecipeCompileFlags.cmake).
@@ -87,6 +91,83 @@ void dispatch_codes(const std::vector<QuantizeArgs>& groups, bool rowwise, bool 
     dispatch_directions<In, E5M2Codes>(groups, rowwise, columnwise);
 }
 
+// ---------------------------------------------------------------- 3. device-split groups
+
+// One block: each group's rows from the offsets, and as prefix sums its tiles and the rows of
+// its two scale arrays (the reference's [roundup(rows, 128)][...] and
+// [roundup(ceil(rows / 32), 4)][...]); writes the kernel's entries (the QuantizeParams
+// quantize_params makes for the group alone, with the packed pointers), the consumers'
+// qr_group_entry tables and the real tile count.
+template <class In, class Codes, Directions D>
+__global__ void __launch_bounds__(sdk::cuda::kScanThreads)
+    device_layout_kernel(const DeviceGroupedArgs a,
+                         sdk::cuda::TileGroup<QuantizeParams<In>>* entries, std::int64_t* total) {
+  using Tile = GroupTile<In, Codes, D>;
+  const QuantizeArgs& b = a.base;
+  const std::int64_t cols = b.cols;
+  const auto up = [](std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; };
+  sdk::cuda::scan_groups<3>(
+      a.groups,
+      [&](int g, std::int64_t* c) {
+        const std::int64_t rows = a.offsets[g + 1] - a.offsets[g];
+        c[0] = sdk::cuda::group_tiles<Tile>(rows, cols);
+        c[1] = up(rows, 128);
+        c[2] = up((rows + kBlock - 1) / kBlock, 4);
+      },
+      [&](int g, const std::int64_t* first) {
+        if (g == a.groups) {
+          *total = first[0];
+          return;
+        }
+        const std::int64_t row = a.offsets[g], rows = a.offsets[g + 1] - row;
+        QuantizeArgs q = b;
+        q.src = static_cast<const typename In::Storage*>(b.src) + row * cols;
+        q.rows = rows;
+        if constexpr (has_rowwise(D)) {
+          q.rowwise_data = b.rowwise_data + row * cols;
+          q.rowwise_scale = b.rowwise_scale + first[1] * b.rowwise_scale_ld;
+          a.rowwise_table[g] = {q.rowwise_data, q.rowwise_scale, nullptr, rows, cols,
+                                b.rowwise_scale_ld};
+        }
+        if constexpr (has_columnwise(D)) {
+          q.columnwise_data = b.columnwise_data + row * cols;
+          q.columnwise_scale = b.columnwise_scale + first[2] * b.columnwise_scale_ld;
+          a.columnwise_table[g] = {q.columnwise_data, q.columnwise_scale, nullptr, rows, cols,
+                                   b.columnwise_scale_ld};
+        }
+        entries[g] = {first[0], quantize_params<In, D>(q)};
+      });
+}
+
+template <class In, class Codes, Directions D>
+void launch_device(const DeviceGroupedArgs& a) {
+  using Tile = GroupTile<In, Codes, D>;
+  const cudaStream_t stream = as_stream(a.base.stream);
+  const sdk::cuda::StreamScratch<sdk::cuda::TileGroup<QuantizeParams<In>>> entries(
+      static_cast<std::size_t>(a.groups), stream, kFormat);
+  const sdk::cuda::StreamScratch<std::int64_t> total(1, stream, kFormat);
+  device_layout_kernel<In, Codes, D><<<1, sdk::cuda::kScanThreads, 0, stream>>>(
+      a, entries.get(), total.get());
+  QR_CUDA_CHECK_LAUNCH("mxfp8 device_layout_kernel");
+  sdk::cuda::launch_device_grouped_tiles<Tile>({entries.get(), a.groups, total.get()},
+                                               a.base.rows, a.base.cols, stream, kFormat);
+}
+
+template <class In, class Codes>
+void dispatch_device_directions(const DeviceGroupedArgs& a) {
+  const bool rowwise = a.base.rowwise_data != nullptr;
+  const bool columnwise = a.base.columnwise_data != nullptr;
+  if (!columnwise) launch_device<In, Codes, Directions::kRowwise>(a);
+  else if (!rowwise) launch_device<In, Codes, Directions::kColumnwise>(a);
+  else launch_device<In, Codes, Directions::kBoth>(a);
+}
+
+template <class In>
+void dispatch_device(const DeviceGroupedArgs& a) {
+  if (a.base.data_dtype == QR_DTYPE_E4M3) dispatch_device_directions<In, E4M3Codes>(a);
+  else dispatch_device_directions<In, E5M2Codes>(a);
+}
+
 }  // namespace
 
 void quantize_grouped(const std::vector<QuantizeArgs>& groups) {
@@ -138,6 +219,30 @@ void quantize_grouped(const std::vector<QuantizeArgs>& groups) {
     case QR_DTYPE_F32: dispatch_codes<F32In>(groups, rowwise, columnwise); break;
     case QR_DTYPE_BF16: dispatch_codes<BF16In>(groups, rowwise, columnwise); break;
     default: dispatch_codes<F16In>(groups, rowwise, columnwise); break;
+  }
+}
+
+void quantize_grouped_device(const DeviceGroupedArgs& a) {
+  const QuantizeArgs& b = a.base;
+  sdk::cuda::check_source_dtype(b.src_dtype, kFormat, "quantize_grouped_device");
+  QR_CHECK(b.data_dtype == QR_DTYPE_E4M3 || b.data_dtype == QR_DTYPE_E5M2,
+           "mxfp8 CUDA quantize_grouped_device: data dtype code ", static_cast<int>(b.data_dtype),
+           " is not e4m3 or e5m2");
+  QR_CHECK(a.groups >= 1 && a.offsets != nullptr && b.rows >= 0 && b.cols >= 0,
+           "mxfp8 CUDA quantize_grouped_device: ", a.groups, " groups, a ", b.rows, " x ", b.cols,
+           " source, offsets ", a.offsets ? "given" : "null");
+  QR_CHECK((b.rowwise_data || b.columnwise_data) &&
+               (!b.rowwise_data || (b.rowwise_scale && a.rowwise_table)) &&
+               (!b.columnwise_data || (b.columnwise_scale && a.columnwise_table)),
+           "mxfp8 CUDA quantize_grouped_device: no direction requested, or one without its scale "
+           "buffer or group table");
+  QR_CHECK(b.rows * b.cols == 0 || b.src != nullptr,
+           "mxfp8 CUDA quantize_grouped_device: the source has a null data pointer");
+  DeviceGuard guard(b.device_index, kFormat);
+  switch (b.src_dtype) {
+    case QR_DTYPE_F32: dispatch_device<F32In>(a); break;
+    case QR_DTYPE_BF16: dispatch_device<BF16In>(a); break;
+    default: dispatch_device<F16In>(a); break;
   }
 }
 

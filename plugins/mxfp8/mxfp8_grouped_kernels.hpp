@@ -14,9 +14,13 @@
 // padding is never written (it stays as allocated: zero).
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
+#include "qrecipe/checked.hpp"
+
 #include "mxfp8_kernels.hpp"
+#include "qrecipe/plugin_abi.h"
 
 namespace qrecipe::mxfp8::cuda {
 
@@ -27,5 +31,36 @@ inline constexpr int kMaxGroupsPerLaunch = 128;
 // Every group with elements shares the source dtype, columns, data dtype, directions, device
 // and stream of the others.
 void quantize_grouped(const std::vector<QuantizeArgs>& groups);
+
+// Device-split groups (plugin_abi.h QR_EXTRA_QUANTIZE_GROUPED_DEVICE): group g is rows
+// [offsets[g], offsets[g + 1]) of src (device offsets; the host never learns the sizes), with
+// the bytes quantize writes for it alone. Packed outputs: data [rows, cols] per direction
+// (group g from row offsets[g]; columnwise data is not transposed); scales group after group,
+// each the reference's layout for the group: rowwise [roundup(rows_g, 128), rowwise_scale_ld],
+// columnwise [roundup(ceil(rows_g / 32), 4), columnwise_scale_ld]. One layout kernel (it also
+// writes the requested directions' qr_group_entry tables) and one launch sized for any split.
+struct DeviceGroupedArgs {
+  // The whole [rows, cols] source and the packed buffers (null data: direction not
+  // requested), with the reference's scale row lengths rowwise_scale_ld =
+  // roundup(ceil(cols/32), 4) and columnwise_scale_ld = roundup(cols, 128).
+  QuantizeArgs base;
+  int groups = 0;
+  const std::int64_t* offsets = nullptr;  // device [groups + 1]
+  qr_group_entry* rowwise_table = nullptr;     // device [groups], rowwise requested
+  qr_group_entry* columnwise_table = nullptr;  // device [groups], columnwise requested
+};
+
+// Scale bytes of one direction for any split of `rows` rows into `groups` groups.
+// Checked: a qrecipe::Error rather than a wrapped size.
+inline std::int64_t device_scale_bytes(std::int64_t rows, std::int64_t scale_ld, std::int64_t groups,
+                                       bool columnwise) {
+  using qrecipe::checked_add, qrecipe::checked_mul;
+  constexpr const char* what = "device-split grouped scale bytes";
+  const std::int64_t n = columnwise ? checked_add(rows / 32, checked_mul(4, groups, what), what)
+                                    : checked_add(rows, checked_mul(127, groups, what), what);
+  return checked_mul(scale_ld, n, what);
+}
+
+void quantize_grouped_device(const DeviceGroupedArgs& args);
 
 }  // namespace qrecipe::mxfp8::cuda

@@ -14,6 +14,8 @@
 //                      raw cuBLASLt GEMM (raw_gemm.cpp)
 //   bind_factories.cpp recipes in Python: the engine's factory resolver, recipes made from a
 //                      factory, module-type families, role origins, coverage warnings
+//   bind_grouped_gemm.cpp  gemm_grouped, QuantizedGroups and quantize_grouped_split (splits on
+//                      the device), plan_grouped_linear, grouped_kernels_built
 //   bind_optim.cpp     adam_step / adam_path: the step of qrecipe.optim.FusedAdam
 //
 // The Python package adds the torch-facing behaviour (autograd, modules, autocast); the
@@ -52,5 +54,6 @@ PYBIND11_MODULE(_C, m) {
   qp::bind_quantize(m);
   qp::bind_gemm(m);
   qp::bind_factories(m);
+  qp::bind_grouped_gemm(m);
   qp::bind_optim(m);
 }

@@ -65,6 +65,7 @@ void bind_engine(py::module_& m);    // bind_engine.cpp: Engine, delayed-scaling
 void bind_quantize(py::module_& m);  // bind_quantize.cpp: Quantizer, QuantizedTensor, grouped
 void bind_gemm(py::module_& m);      // bind_gemm.cpp: gemm, gemm_many, raw cuBLASLt GEMM
 void bind_factories(py::module_& m); // bind_factories.cpp: factory resolver, coverage, origins
+void bind_grouped_gemm(py::module_& m);  // bind_grouped_gemm.cpp: grouped GEMMs, device splits
 void bind_optim(py::module_& m);     // bind_optim.cpp: the optimizer step (qrecipe.optim)
 
 }  // namespace qrecipe::python

@@ -72,11 +72,19 @@ def plugins():
     return [dict(p) for p in _C.plugins()]
 
 
+def grouped_kernels_built() -> bool:
+    """Whether this build of the engine has the grouped GEMM kernels (CUDA with CUTLASS):
+    GroupedLinear then runs each GEMM kind of all experts as one launch on a GPU and can keep
+    m_splits on the device (docs/gemm.md "Grouped GEMMs")."""
+    return bool(_C.grouped_kernels_built())
+
+
 __all__ = [
     "checkpoint",
     "QrecipeError", "RecipeError", "Recipe", "RecipeWarning", "QuantizerRole", "formats",
     "autocast", "current_recipe", "is_enabled",
     "convert", "quantize", "QuantizedTensor", "Quantizer", "nn", "plugins", "__version__",
+    "grouped_kernels_built",
     "telemetry",
     "drop_scaling_states", "QuantizedWeight", "QuantizedParameter", "quantized_model_init",
     "distributed", "optim",

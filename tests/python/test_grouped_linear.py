@@ -5,11 +5,14 @@ across micro-batches in both layouts (per expert, stale when the grouped weight 
 single parameter quantized by one grouped engine call (``_C.quantize_grouped``: float8, mxfp8,
 blockwise and nvfp4 through their plugins' grouped extra, hybrid through the engine's per-group
 loop) with each expert's bytes equal to quantizing it alone."""
+import gc
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import qrecipe
+from test_offload import Recording  # saved-tensor hooks that copy and note what they see
 from test_recipes import DTYPE, TOLERANCE, rel  # one tolerance table for every module
 
 NONE = qrecipe.Recipe.builtin("none")
@@ -632,7 +635,8 @@ def test_backward_keeps_only_the_columnwise_copies_and_frees_them():
         gc.collect()
         before = _C.live_allocations()
         y = module(x, SPLITS)
-        # (how to rebuild, tensor count) of each saved operand: x and W of each expert.
+        # (how to rebuild, tensor count) of each saved operand: every expert's x,
+        # then every expert's W.
         packed = [p for p, _ in y.grad_fn.packed]
         assert len(packed) == 2 * 3
         for p in packed:
@@ -704,3 +708,199 @@ def test_gemm_many_equals_gemm_per_item_and_names_a_bad_item():
     bad = [torch.empty(8, 16), torch.empty(0, 16), torch.empty(24, 15)]
     with pytest.raises(qrecipe.QrecipeError, match="gemm_many item 2: .*GEMM output is 24x15"):
         _C.gemm_many(a, "rowwise", b, "rowwise", bad)
+
+
+# ------------------------------------------------------------------ grouped GEMMs, tensor splits
+@pytest.fixture
+def grouped_engine_calls(monkeypatch):
+    """Every grouped GEMM and device-split quantization GroupedLinear makes, in order."""
+    from qrecipe.nn import grouped_linear_function
+    calls = []
+    gemm, split = grouped_linear_function._gemm_grouped, grouped_linear_function._quantize_split
+
+    def counting_gemm(a, da, b, db, out, kind, offsets=None, accumulate=False, bias=None):
+        calls.append(("gemm", kind, offsets is not None))
+        return gemm(a, da, b, db, out, kind, offsets=offsets, accumulate=accumulate, bias=bias)
+
+    def counting_split(quantizer, tensor, splits, usage):
+        calls.append(("quantize_split", quantizer.role.split(":")[1].split("@")[0], usage))
+        return split(quantizer, tensor, splits, usage)
+
+    monkeypatch.setattr(grouped_linear_function, "_gemm_grouped", counting_gemm)
+    monkeypatch.setattr(grouped_linear_function, "_quantize_split", counting_split)
+    return calls
+
+
+# NVFP4's Hadamard (wgrad operands) needs experts of whole 16-row runs: no single-token one.
+TENSOR_SPLIT_CASES = [(name, splits)
+                      for name in ["default", "float8_delayed", "blockwise", "mxfp8", "nvfp4",
+                                   "hybrid_fp8_mx"]
+                      for splits in [[32, 0, 64], [16, 1, 47], [0, 0, 0], [96, 0, 0]]
+                      if name != "nvfp4" or not any(s % 16 for s in splits)]
+
+
+@pytest.mark.parametrize("name,splits", TENSOR_SPLIT_CASES)
+def test_tensor_splits_equal_list_splits_bit_for_bit(name, splits, grouped_engine_calls):
+    """m_splits as a (CPU) tensor: the device-split path (the offsets read by the engine,
+    one split quantization of x and of dy, one grouped GEMM per kind) gives the numbers of
+    the list path bit for bit, empty and single-token experts included."""
+    # Two recipe objects: two engines whose delayed-scaling states and stochastic-rounding
+    # counters advance alike.
+    recipe_a, recipe_b = qrecipe.Recipe.builtin(name), qrecipe.Recipe.builtin(name)
+    torch.manual_seed(3)
+    dtype = DTYPE.get(name, torch.float32)
+    a, b = grouped(bias=False, dtype=dtype), grouped(bias=False, dtype=dtype)
+    with torch.no_grad():
+        b.weight.copy_(a.weight)
+    x = torch.randn(sum(splits), IN, dtype=dtype)
+    dy = torch.randn(sum(splits), OUT, dtype=dtype)
+    want = run_grouped(a, x, dy, splits, recipe_a)
+    grouped_engine_calls.clear()
+    got = run_grouped(b, x, dy, torch.tensor(splits), recipe_b)
+    assert_all_equal(got, want)
+    kinds = [c for c in grouped_engine_calls if c[0] == "gemm"]
+    assert kinds == [("gemm", "fprop", True), ("gemm", "dgrad", True), ("gemm", "wgrad", True)]
+    assert [c[1] for c in grouped_engine_calls if c[0] == "quantize_split"] == \
+        ["input", "grad_output"]
+
+
+def test_tensor_splits_fall_back_to_the_list_path_where_the_split_path_cannot_serve():
+    """A frozen expert (wgrad for some experts only) reads CPU tensor splits as a list: the
+    same numbers, and the module says why a GPU call would read them on the host."""
+    recipe = qrecipe.Recipe.builtin("default")
+    module = grouped(bias=True)
+    plan = module.device_splits_plan(recipe, torch.float32)
+    assert set(plan) >= {"served", "why", "fprop", "dgrad", "wgrad"}
+    assert not plan["served"]  # a bias: the grouped kernels add none
+    assert "bias" in plan["why"] or "no grouped GEMM kernels" in plan["why"]
+    nobias = grouped(bias=False)
+    plan = nobias.device_splits_plan(recipe, torch.bfloat16)
+    assert plan["served"] == qrecipe.grouped_kernels_built(), plan
+    frozen = grouped(bias=False, single=False)
+    frozen.weight1.requires_grad_(False)
+    x, dy = torch.randn(96, IN), torch.randn(96, OUT)
+    got = run_grouped(frozen, x, dy, torch.tensor(SPLITS), recipe)
+    frozen2 = grouped(bias=False, single=False)
+    frozen2.load_state_dict(frozen.state_dict())
+    frozen2.weight1.requires_grad_(False)
+    want = run_grouped(frozen2, x, dy, SPLITS, recipe)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert (g is None and w is None) or torch.equal(g, w), i
+
+
+def _step_with_hooks(splits, hooks):
+    """One forward (under `hooks`) and backward of a bias-free module: the gradients, and
+    what the autograd node kept (its split operand's type and directions, the packed
+    layout); everything it kept is freed by backward."""
+    from qrecipe import _C
+    recipe = qrecipe.Recipe.builtin("default")
+    torch.manual_seed(5)
+    module = grouped(bias=False)
+    x = torch.randn(sum(SPLITS), IN, requires_grad=True)
+    dy = torch.randn(sum(SPLITS), OUT)
+    gc.collect()
+    before = _C.live_allocations()
+    with qrecipe.autocast(recipe), hooks:
+        y = module(x, splits)
+    node = y.grad_fn
+    split_x = node.split_x  # described, not kept: backward must free it
+    kept = (None if split_x is None else (type(split_x), split_x.has("columnwise"),
+                                           split_x.has("rowwise")),
+            [p for p, _ in node.packed])
+    del split_x
+    y.backward(dy)
+    assert node.split_x is None  # backward lets go of the split operand
+    del node, y
+    gc.collect()
+    assert _C.live_allocations() == before
+    return [x.grad, module.weight.grad], kept
+
+
+def test_tensor_splits_keep_the_split_input_outside_the_saved_tensor_hooks():
+    """Tensor splits: the inputs' split operand (one _C.QuantizedGroups of all experts) has no
+    plain-tensor form saved_operands.pack_all could give the hooks, so the node keeps it on
+    ctx (docs/adapter.md, "CPU offload"): save_on_cpu moves the experts' weight operands but
+    not that one, which stays where it was made. The results are those of the list path
+    with every operand offloaded, bit for bit."""
+    from qrecipe import _C
+    listed = Recording()
+    want, (split_x, listed_packed) = _step_with_hooks(SPLITS, listed)
+    assert split_x is None and len(listed_packed) == 2 * 3  # x and W of each expert
+    split = Recording()
+    got, (split_x, packed) = _step_with_hooks(torch.tensor(SPLITS), split)
+    # One QuantizedGroups holding the columnwise copy only (what wgrad reads).
+    assert split_x == (_C.QuantizedGroups, True, False)
+    assert len(packed) == 1 + 3  # no x operand (on ctx), then each expert's W
+    assert not packed[0].parts and all(p.parts for p in packed[1:])
+    # The hooks saw only the weight operands' tensors: the list path's, less its x parts.
+    x_parts = sum(len(p.parts) for p in listed_packed[:3])
+    assert len(split.packed) == len(listed.packed) - x_parts
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    offloaded, _ = _step_with_hooks(torch.tensor(SPLITS),
+                                    torch.autograd.graph.save_on_cpu(pin_memory=False))
+    for a, b in zip(offloaded, want):
+        assert torch.equal(a, b)
+
+
+def test_gemm_grouped_binding_equals_gemm_per_item_and_names_what_is_wrong():
+    from qrecipe import _C
+    recipe = qrecipe.Recipe.builtin("default")
+    plan = recipe.engine.plan_linear("grouped_linear", "moe", 32, 24, 16)
+    qx, qw = plan["input"], plan["weight"]
+    splits = [5, 0, 9]
+    x = torch.randn(sum(splits), 32)
+    w = torch.randn(3 * 24, 32)
+    xs = _C.quantize_grouped(qx, x, splits, 3)
+    ws = _C.quantize_grouped(qw, w, [24] * 3, 3)
+    want = [torch.zeros(r, 24) for r in splits]
+    for a, b, o in zip(xs, ws, want):
+        _C.gemm(a, "rowwise", b, "rowwise", o, kind="fprop")
+    outs = [torch.zeros(r, 24) for r in splits]
+    plan_str = _C.gemm_grouped(xs, "rowwise", ws, "rowwise", outs, kind="fprop")
+    assert "CPU" in plan_str
+    assert all(torch.equal(a, b) for a, b in zip(outs, want))
+    # Split: x quantized by offsets (a CPU tensor), one [rows, 24] output.
+    offsets = torch.tensor([0, 5, 5, 14])
+    xg = _C.quantize_grouped_split(qx, x, offsets, 3)
+    assert (xg.num_groups, xg.rows, xg.cols, xg.device_split) == (3, 14, 32, False)
+    y = torch.zeros(14, 24)
+    _C.gemm_grouped(xg, "rowwise", ws, "rowwise", y, kind="fprop")
+    assert torch.equal(y, torch.cat(want))
+    # wgrad along the split rows, accumulating.
+    dy = torch.randn(14, 24)
+    qg = plan["grad_output"]
+    dyg = _C.quantize_grouped_split(qg, dy, offsets, 3)
+    dws = [torch.ones(24, 32) for _ in splits]
+    _C.gemm_grouped(dyg, "columnwise", xg, "columnwise", dws, kind="wgrad", accumulate=True)
+    for i, (d, q_dy, q_x) in enumerate(zip(dws, dyg.groups(), xg.groups())):
+        ref = torch.ones(24, 32)
+        _C.gemm(q_dy, "columnwise", q_x, "columnwise", ref, kind="wgrad", accumulate=True)
+        assert torch.equal(d, ref), i
+    # What is wrong is said.
+    with pytest.raises(qrecipe.QrecipeError, match="operand A has 3 groups but operand B has 2"):
+        _C.gemm_grouped(xs, "rowwise", ws[:2], "rowwise", outs, kind="fprop")
+    with pytest.raises(qrecipe.QrecipeError, match="kind 'forward' is not known"):
+        _C.gemm_grouped(xs, "rowwise", ws, "rowwise", outs, kind="forward")
+    with pytest.raises(qrecipe.QrecipeError, match="no GroupSplits were given"):
+        _C.gemm_grouped(x, "rowwise", ws, "rowwise", y, kind="fprop")
+    with pytest.raises(qrecipe.QrecipeError, match="offsets must be a contiguous 1-D torch.int64"):
+        _C.quantize_grouped_split(qx, x, offsets.float(), 3)
+    with pytest.raises(qrecipe.QrecipeError, match="offsets decrease at group 1"):
+        _C.quantize_grouped_split(qx, x, torch.tensor([0, 9, 5, 14]), 3)
+    with pytest.raises(qrecipe.QrecipeError, match="the offsets end at 13 but the split tensor has 14 rows"):
+        _C.quantize_grouped_split(qx, x, torch.tensor([0, 5, 5, 13]), 3)
+
+
+def test_bad_tensor_splits_give_clear_errors():
+    module = grouped(bias=False)
+    x = torch.randn(96, IN)
+    with qrecipe.autocast():
+        with pytest.raises(ValueError, match=r"m_splits has 2 entries, expected num_gemms=3"):
+            module(x, torch.tensor([48, 48]))
+        with pytest.raises(ValueError, match=r"m_splits\[1\] = -4 is negative"):
+            module(x, torch.tensor([50, -4, 50]))
+        with pytest.raises(ValueError, match="m_splits sums to 95"):
+            module(x, torch.tensor([32, 0, 63]))
+        with pytest.raises(TypeError, match="1-D integer tensor"):
+            module(x, torch.tensor([32.0, 0.0, 64.0]))

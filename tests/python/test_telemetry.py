@@ -153,6 +153,19 @@ def test_grouped_linear_observes_each_expert():
     assert sorted(rows) == [4, 6]  # the empty expert is not a quantized tensor to observe
 
 
+def test_grouped_linear_with_tensor_splits_observes_each_expert():
+    # Tensor m_splits would take the device-split path; with telemetry on, GroupedLinear reads
+    # them on the host so every expert is still observed.
+    torch.manual_seed(0)
+    module = qrecipe.nn.GroupedLinear(3, 16, 16, name="experts")
+    telemetry.enable(every=1, roles=["*:input@*"])
+    with qrecipe.autocast(qrecipe.Recipe.from_dict(FLOAT8)):
+        y = module(torch.randn(10, 16), torch.tensor([4, 0, 6]))
+    y.sum().backward()
+    rows = [r["rows"] for r in telemetry.table()]
+    assert sorted(rows) == [4, 6]
+
+
 # ---------------------------------------------------------------- the statistics
 
 def stats(tensor, format, **options):

@@ -600,16 +600,21 @@ void for_each_group_chunk(std::size_t num_groups, Fn&& fn) {
 
 // The group of block b: the last group whose first block is <= b. A group without blocks
 // shares its first_block with the next group, which then owns b.
-template <class Entry, int kMaxGroups>
-__device__ __forceinline__ int find_group(const GroupTable<Entry, kMaxGroups>& table,
-                                          std::int64_t b) {
-  int lo = 0, hi = table.count - 1;
+template <class Entry>
+__device__ __forceinline__ int find_group_in(const Entry* group, int count, std::int64_t b) {
+  int lo = 0, hi = count - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (table.group[mid].first_block <= b) lo = mid;
+    if (group[mid].first_block <= b) lo = mid;
     else hi = mid - 1;
   }
   return lo;
+}
+
+template <class Entry, int kMaxGroups>
+__device__ __forceinline__ int find_group(const GroupTable<Entry, kMaxGroups>& table,
+                                          std::int64_t b) {
+  return find_group_in(table.group, table.count, b);
 }
 
 // The table entry of a grouped launch whose CTAs run the format's one-tensor tile code: the
@@ -666,6 +671,123 @@ void launch_grouped_tiles(const std::vector<Group>& groups, std::int64_t cols,
         <<<static_cast<unsigned>(tiles), Tile::kThreads, 0, stream>>>(tile_cols, table);
     check_cuda(cudaGetLastError(), format, "launch of grouped_tile_kernel", QR_WHERE());
   });
+}
+
+// A parameter table's launch has exactly its blocks: none is past the end.
+template <class Entry, int kMaxGroups>
+__device__ __forceinline__ bool past_end(const GroupTable<Entry, kMaxGroups>&, std::int64_t) {
+  return false;
+}
+
+// ---- device-split grouped quantization (plugin_abi.h, QR_EXTRA_QUANTIZE_GROUPED_DEVICE)
+
+// The groups of a launch whose sizes only the device knows: the plugin's entries in device
+// memory (written by a layout kernel from the offsets, `first_block` as in GroupTable), and
+// the launch's real block count in device memory. The grid is sized on the host for any split
+// (a bound), so blocks past the real count return at once (past_end).
+template <class Entry>
+struct DeviceGroupTable {
+  const Entry* group;
+  int count;
+  const std::int64_t* total_blocks;
+};
+
+template <class Entry>
+__device__ __forceinline__ int find_group(const DeviceGroupTable<Entry>& table, std::int64_t b) {
+  return find_group_in(table.group, table.count, b);
+}
+
+template <class Entry>
+__device__ __forceinline__ bool past_end(const DeviceGroupTable<Entry>& table, std::int64_t b) {
+  return b >= *table.total_blocks;
+}
+
+// Exclusive prefix sums over the groups inside ONE block of kScanThreads threads (a layout
+// kernel): `count(g, c)` fills the kCounts counts of group g < groups, `emit(g, first)` gets
+// the sums of those of the groups before it, and `emit(groups, total)` the totals (thread 0).
+// A chunked Hillis-Steele scan in shared memory; every thread of the block must call it.
+inline constexpr int kScanThreads = 1024;
+
+template <int kCounts, class Count, class Emit>
+__device__ void scan_groups(int groups, Count count, Emit emit) {
+  __shared__ std::int64_t part[kCounts][kScanThreads];
+  __shared__ std::int64_t carry[kCounts];
+  if (threadIdx.x == 0)
+    for (int k = 0; k < kCounts; ++k) carry[k] = 0;
+  for (int base = 0; base < groups; base += kScanThreads) {
+    const int g = base + static_cast<int>(threadIdx.x);
+    std::int64_t c[kCounts] = {};
+    if (g < groups) count(g, c);
+    __syncthreads();
+    for (int k = 0; k < kCounts; ++k) part[k][threadIdx.x] = c[k];
+    __syncthreads();
+    for (int step = 1; step < kScanThreads; step *= 2) {
+      std::int64_t before[kCounts];
+      for (int k = 0; k < kCounts; ++k)
+        before[k] = threadIdx.x >= step ? part[k][threadIdx.x - step] : 0;
+      __syncthreads();
+      for (int k = 0; k < kCounts; ++k) part[k][threadIdx.x] += before[k];
+      __syncthreads();
+    }
+    if (g < groups) {
+      std::int64_t first[kCounts];
+      for (int k = 0; k < kCounts; ++k) first[k] = carry[k] + part[k][threadIdx.x] - c[k];
+      emit(g, first);
+    }
+    __syncthreads();
+    if (threadIdx.x == kScanThreads - 1)
+      for (int k = 0; k < kCounts; ++k) carry[k] += part[k][kScanThreads - 1];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    std::int64_t total[kCounts];
+    for (int k = 0; k < kCounts; ++k) total[k] = carry[k];
+    emit(groups, total);
+  }
+}
+
+
+// The device-split form of grouped_tile_kernel: the groups' TileGroup entries in device memory,
+// written on the stream before the launch by the plugin's layout kernel (a scan_groups kernel
+// that makes each group's Params on the device from the offsets, the same Params the host path
+// makes), the real tile count in device memory; blocks past it return at once.
+template <class Tile>
+using DeviceTileTable = DeviceGroupTable<TileGroup<typename Tile::Params>>;
+
+template <class Tile>
+__global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSM)
+    device_grouped_tile_kernel(const std::int64_t tile_cols,
+                               const __grid_constant__ DeviceTileTable<Tile> table) {
+  __shared__ typename Tile::Shared shared;
+  if (past_end(table, blockIdx.x)) return;
+  const TileGroup<typename Tile::Params>& e = table.group[find_group(table, blockIdx.x)];
+  const std::int64_t local = static_cast<std::int64_t>(blockIdx.x) - e.first_block;
+  Tile::quantize(e.p, local / tile_cols, local % tile_cols, shared);
+}
+
+// The tiles of a group of `rows` rows (device or host): ceil(rows / kRows) x ceil(cols / kCols),
+// none for a group without elements.
+template <class Tile>
+__host__ __device__ inline std::int64_t group_tiles(std::int64_t rows, std::int64_t cols) {
+  if (rows <= 0 || cols <= 0) return 0;
+  return (rows + Tile::kRows - 1) / Tile::kRows * ((cols + Tile::kCols - 1) / Tile::kCols);
+}
+
+// Host: launches device_grouped_tile_kernel<Tile> over the `groups` entries at `table.group`
+// (device; their real tile count at table.total_blocks), with a grid sized for any split of
+// `rows` rows into the groups: sum_g ceil(rows_g / kRows) <= rows / kRows + groups.
+template <class Tile>
+void launch_device_grouped_tiles(const DeviceTileTable<Tile>& table, std::int64_t rows,
+                                 std::int64_t cols, cudaStream_t stream, const char* format) {
+  const std::int64_t tile_cols = (cols + Tile::kCols - 1) / Tile::kCols;
+  const std::int64_t bound = (rows / Tile::kRows + table.count) * tile_cols;
+  if (bound == 0) return;  // no elements
+  QR_CHECK(bound <= INT_MAX, format, " CUDA quantize_grouped_device: up to ", bound,
+           " tiles of ", Tile::kRows, "x", Tile::kCols, "; at most ", INT_MAX,
+           " fit in one grid (split the groups over several calls)");
+  device_grouped_tile_kernel<Tile>
+      <<<static_cast<unsigned>(bound), Tile::kThreads, 0, stream>>>(tile_cols, table);
+  check_cuda(cudaGetLastError(), format, "launch of device_grouped_tile_kernel", QR_WHERE());
 }
 
 }  // namespace qrecipe::sdk::cuda

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "qrecipe/gemm.hpp"
+#include "qrecipe/grouped_tensor.hpp"
 #include "qrecipe/quantizer.hpp"
 #include "qrecipe/recipe.hpp"
 #include "qrecipe/registry.hpp"
@@ -131,6 +132,22 @@ class Engine {
   // engine's per-group loop.
   static bool has_grouped_quantize(const Quantizer& q) {
     return q.plugin().quantize_grouped_extra() != nullptr;
+  }
+  // Grouped quantization by GroupSplits (grouped_tensor.hpp). Splits the host can read (sizes,
+  // or offsets in host memory) give one QuantizedTensor per group, exactly the overload above.
+  // Splits only the device knows (CUDA offsets, e.g. a router's output) give ONE device-split
+  // tensor, through the plugin's device extras (plugin_abi.h QR_EXTRA_QUANTIZE_GROUPED_DEVICE:
+  // the same bytes per group, no host synchronization); a plugin without them is an error
+  // (QR_STATUS_UNSUPPORTED) naming the format and what to do. options.amax is refused there.
+  // The tensor points to splits.offsets, which the caller keeps alive while it is used.
+  GroupedQuantizedTensor quantize_grouped(const Quantizer& q, const TensorView& src,
+                                          const GroupSplits& splits, std::uint32_t usage,
+                                          const QuantizeOptions& options = {},
+                                          std::shared_ptr<Allocator> allocator = nullptr);
+  // Whether q's plugin quantizes device-split groups (the device extras) for `device`.
+  static bool has_grouped_device_quantize(const Quantizer& q, Device device) {
+    return device.is_cpu() || (q.plugin().quantize_grouped_device_extra() != nullptr &&
+                               q.plugin().supports(device));
   }
 
   // Delayed scaling: the step's amax of every state (history row 0), in creation order, for the

@@ -51,6 +51,12 @@ class FormatPlugin {
   // The grouped-quantization extra (plugin_abi.h, QR_EXTRA_QUANTIZE_GROUPED), looked up once at
   // load; nullptr when the plugin does not provide it (Engine::quantize_grouped then loops).
   qr_quantize_grouped_fn quantize_grouped_extra() const { return quantize_grouped_; }
+  // The device-split grouped quantization extras (plugin_abi.h, QR_EXTRA_GROUPED_DEVICE_SIZES and
+  // QR_EXTRA_QUANTIZE_GROUPED_DEVICE; both or neither); nullptr when absent.
+  qr_grouped_device_sizes_fn grouped_device_sizes_extra() const { return grouped_device_sizes_; }
+  qr_quantize_grouped_device_fn quantize_grouped_device_extra() const {
+    return quantize_grouped_device_;
+  }
   // The fused Adam + requantize extras (plugin_abi.h, QR_EXTRA_ADAM_REQUANTIZE and its
   // _SUPPORTS query), looked up once at load; both nullptr unless the plugin has both (the
   // optimizer step then updates and quantizes in two passes: qrecipe/optim.hpp).
@@ -76,6 +82,8 @@ class FormatPlugin {
   std::vector<OptionSchema> options_;
   const qr_plugin_descriptor* descriptor_;
   qr_quantize_grouped_fn quantize_grouped_ = nullptr;
+  qr_grouped_device_sizes_fn grouped_device_sizes_ = nullptr;
+  qr_quantize_grouped_device_fn quantize_grouped_device_ = nullptr;
   qr_adam_requantize_fn adam_requantize_ = nullptr;
   qr_adam_requantize_supports_fn adam_requantize_supports_ = nullptr;
   qr_compute_amax_device_fn compute_amax_device_ = nullptr;

@@ -418,6 +418,85 @@ typedef qr_status (*qr_quantize_grouped_fn)(qr_quantizer* q, const qr_tensor_vie
                                             const qr_quantize_args* args,
                                             qr_quantized_tensor* const* dst);
 
+/* Grouped quantization with the group boundaries on the device (MoE routing decided on the
+ * GPU, so the host never learns the group sizes and never waits for them): two optional extras
+ * of a CUDA plugin, QR_EXTRA_GROUPED_DEVICE_SIZES and QR_EXTRA_QUANTIZE_GROUPED_DEVICE, always
+ * provided together.
+ *
+ * The groups are those of QR_EXTRA_QUANTIZE_GROUPED, with offsets[g] (device memory, int64,
+ * offsets[0] = 0, offsets[num_groups] = rows) the first row of group g. Every group is
+ * quantized as a tensor of its own with exactly the bytes, scales and amax that `quantize` of
+ * its rows alone would write (the same contract as QR_EXTRA_QUANTIZE_GROUPED: per-group
+ * amax/scale, delayed scaling and stochastic-rounding offsets as sequential calls in group
+ * order), but all groups of a direction share ONE data buffer and ONE scale buffer whose
+ * sizes the host takes from QR_EXTRA_GROUPED_DEVICE_SIZES (bounds that hold for any split),
+ * and where each group lies is written by the plugin, on the device, into a table of
+ * qr_group_entry (one per group) the host allocated in device memory. What a consumer (the
+ * engine's grouped GEMM) reads of group g is its entry: its data, laid out as the group's own
+ * tensor but with stored rows `data_ld` elements apart, and its scale_inv, laid out as the
+ * group's own with rows of the 2-D scale array `scale_ld` elements apart (`layout` of the
+ * direction says which scale element is which block, as for a single tensor).
+ *
+ * Alignment promised to consumers: a direction whose data is stored transposed ([cols, rows]
+ * per group) has data_ld = rows rounded up to a multiple of 16 and every group's data starts
+ * on a 16-byte boundary when cols * (data bits) / 8 is a multiple of 16; the padding elements
+ * are never read. An untransposed direction has data_ld = cols and group g's data starts
+ * offsets[g] * cols elements after the buffer. Scale and amax buffers start zero-filled (the
+ * host fills them); data buffers are not filled. An empty group (0 rows) gets an entry with
+ * rows 0 (its pointers may point anywhere). Asynchronous on args->stream; on error the
+ * contents are unspecified. */
+typedef struct qr_group_entry {
+  void* data;       /* the group's codes (see above) */
+  void* scale_inv;  /* the group's scale_inv (one FP32 for tensor scaling, or its 2-D block
+                       scales), NULL when the layout has none */
+  float* amax;      /* the group's amax, NULL when the layout has none */
+  int64_t rows;     /* rows of the group */
+  int64_t data_ld;  /* elements between consecutive stored rows of data */
+  int64_t scale_ld; /* elements between consecutive rows of the 2-D scale array (0: none) */
+} qr_group_entry;
+
+/* One direction of a device-split grouped tensor (a host struct of device pointers). */
+typedef struct qr_grouped_direction {
+  uint32_t struct_size;
+  qr_direction_layout layout;  /* layout(rows, cols, direction) of the whole tensor: what the
+                                  groups share (dtypes, scale mode and dtype, block shape,
+                                  transposition); its shapes are not any group's */
+  void* data;                  /* data_bytes bytes */
+  size_t data_bytes;
+  void* scale_inv;             /* scale_bytes bytes, NULL when scale_bytes is 0 */
+  size_t scale_bytes;
+  float* amax;                 /* [num_groups] when layout.has_amax, else NULL */
+  qr_group_entry* groups;      /* device [num_groups], written by the plugin */
+} qr_grouped_direction;
+
+/* A tensor of `rows` x `cols` split into row groups on the device, every group quantized as
+ * a tensor of its own. Host struct; every pointer but `format` is device memory. */
+typedef struct qr_grouped_quantized {
+  uint32_t struct_size;
+  const char* format;
+  int64_t rows;             /* sum of the group rows */
+  int64_t cols;
+  uint32_t num_groups;      /* >= 1 */
+  const int64_t* offsets;   /* device [num_groups + 1] */
+  uint32_t usage;           /* directions held */
+  qr_grouped_direction rowwise;
+  qr_grouped_direction columnwise;
+} qr_grouped_quantized;
+
+/* Bytes of the data and scale buffers of one direction for ANY split of `rows` rows into
+ * `num_groups` groups (each group's own layout summed over the worst case, plus alignment). */
+#define QR_EXTRA_GROUPED_DEVICE_SIZES "qr_grouped_device_sizes"
+typedef qr_status (*qr_grouped_device_sizes_fn)(qr_quantizer* q, int64_t rows, int64_t cols,
+                                                uint32_t num_groups, int32_t direction,
+                                                size_t* data_bytes, size_t* scale_bytes);
+
+/* Quantizes `src` (a contiguous 2-D [dst->rows, dst->cols] CUDA tensor) into dst, whose
+ * buffers, offsets and tables the host filled in (sizes from QR_EXTRA_GROUPED_DEVICE_SIZES, the
+ * directions in args->usage held by dst). args->amax is NULL. */
+#define QR_EXTRA_QUANTIZE_GROUPED_DEVICE "qr_quantize_grouped_device"
+typedef qr_status (*qr_quantize_grouped_device_fn)(qr_quantizer* q, const qr_tensor_view* src,
+                                                   const qr_quantize_args* args,
+                                                   qr_grouped_quantized* dst);
 /* Fused Adam step + requantization (qrecipe.optim.FusedAdam: FP32 master weights for quantized
  * parameters): an optional extra, two names.
  *

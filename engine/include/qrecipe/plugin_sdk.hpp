@@ -15,7 +15,14 @@
 //                              std::span<qr_quantized_tensor* const> dst);
 //      and get_proc_address(QR_EXTRA_QUANTIZE_GROUPED) returns it (plugin_abi.h has the
 //      contract; check_grouped_call below has already checked the generic arguments when it
-//      runs). Likewise the one-read fusion extras (plugin_abi.h, qr_tensor_cast):
+//      runs). Likewise the two members
+//        void grouped_device_sizes(std::int64_t rows, std::int64_t cols, std::uint32_t groups,
+//                                  qr_direction d, std::size_t& data, std::size_t& scales);
+//        void quantize_grouped_device(const qr_tensor_view& src, const qr_quantize_args& args,
+//                                     qr_grouped_quantized& dst);
+//      give QR_EXTRA_GROUPED_DEVICE_SIZES and QR_EXTRA_QUANTIZE_GROUPED_DEVICE (groups whose
+//      sizes only the device knows), and the one-read fusion extras (plugin_abi.h,
+//      qr_tensor_cast):
 //        void prepare_tensor_cast(const qr_tensor_view& src, const qr_quantize_args& args,
 //                                 qr_quantized_tensor& dst, qr_tensor_cast& cast);
 //        void quantize_with_tensor_cast(const qr_tensor_view& src, const qr_quantize_args& args,
@@ -260,6 +267,50 @@ inline void check_grouped_call(const qr_tensor_view* src, std::uint32_t num_grou
   }
 }
 
+// A quantizer class that implements device-split grouped quantization (how-to step 5).
+template <class Q>
+concept HasQuantizeGroupedDevice = requires(Q& q, const qr_tensor_view& src,
+                                            const qr_quantize_args& args,
+                                            qr_grouped_quantized& dst, std::size_t& bytes) {
+  q.grouped_device_sizes(std::int64_t{0}, std::int64_t{0}, std::uint32_t{1}, QR_DIRECTION_ROWWISE,
+                         bytes, bytes);
+  q.quantize_grouped_device(src, args, dst);
+};
+
+// The generic checks of a quantize_grouped_device call (plugin_abi.h), made before the
+// plugin's own: struct sizes, a 2-D contiguous source of dst->rows x dst->cols, offsets, the
+// requested directions held with their buffers and tables, no reduced amax.
+inline void check_grouped_device_call(const qr_tensor_view* src, const qr_quantize_args* args,
+                                      const qr_grouped_quantized* dst, const char* format) {
+  QR_CHECK(src && args && dst, format, " quantize_grouped_device: called with a null source, "
+           "args or destination");
+  QR_CHECK(src->struct_size >= sizeof(qr_tensor_view) &&
+               args->struct_size >= sizeof(qr_quantize_args) &&
+               dst->struct_size >= sizeof(qr_grouped_quantized),
+           format, " quantize_grouped_device: a struct is older than this plugin's ABI");
+  QR_CHECK(src->ndim == 2 && src->shape[0] == dst->rows && src->shape[1] == dst->cols &&
+               (src->shape[0] <= 1 || src->strides[0] == src->shape[1]) &&
+               (src->shape[1] <= 1 || src->strides[1] == 1),
+           format, " quantize_grouped_device: the source must be a contiguous 2-D [", dst->rows,
+           ", ", dst->cols, "] tensor");
+  QR_CHECK(dst->num_groups >= 1 && dst->offsets != nullptr, format,
+           " quantize_grouped_device: ", dst->num_groups, " groups and ",
+           dst->offsets ? "offsets" : "no offsets", "; pass at least one group and its offsets");
+  QR_CHECK(args->amax == nullptr, format, " quantize_grouped_device: args.amax must be NULL "
+           "(reduced amaxes are per group)");
+  QR_CHECK(args->usage != 0 && (dst->usage & args->usage) == args->usage, format,
+           " quantize_grouped_device: usage ", args->usage, " requested, destination holds ",
+           dst->usage);
+  for (const qr_grouped_direction* d : {&dst->rowwise, &dst->columnwise}) {
+    const bool wanted = args->usage & (d == &dst->rowwise ? QR_USAGE_ROWWISE : QR_USAGE_COLUMNWISE);
+    if (!wanted) continue;
+    QR_CHECK(d->struct_size >= sizeof(qr_grouped_direction) && d->data != nullptr &&
+                 d->groups != nullptr,
+             format, " quantize_grouped_device: the ", d == &dst->rowwise ? "rowwise" : "columnwise",
+             " direction has no data buffer or group table");
+  }
+}
+
 // C trampolines for a QuantizerBase subclass Q.
 template <class Q>
 struct Trampolines {
@@ -306,6 +357,27 @@ struct Trampolines {
       check_grouped_call(src, num_groups, group_rows, args, dst, "plugin");
       self(q)->quantize_grouped(*src, std::span<const std::int64_t>(group_rows, num_groups),
                                 *args, std::span<qr_quantized_tensor* const>(dst, num_groups));
+    });
+  }
+  static qr_status grouped_device_sizes(qr_quantizer* q, std::int64_t rows, std::int64_t cols,
+                                        std::uint32_t groups, std::int32_t direction,
+                                        std::size_t* data, std::size_t* scales) noexcept {
+    return guard([&] {
+      QR_CHECK(data && scales, "grouped_device_sizes called with null outputs");
+      QR_CHECK(rows >= 0 && cols >= 0 && groups >= 1, "grouped_device_sizes: ", rows, " x ", cols,
+               " in ", groups, " groups; sizes must be >= 0 and groups >= 1");
+      QR_CHECK(direction == QR_DIRECTION_ROWWISE || direction == QR_DIRECTION_COLUMNWISE,
+               "direction ", direction, " is neither rowwise (0) nor columnwise (1)");
+      self(q)->grouped_device_sizes(rows, cols, groups, static_cast<qr_direction>(direction),
+                                    *data, *scales);
+    });
+  }
+  static qr_status quantize_grouped_device(qr_quantizer* q, const qr_tensor_view* src,
+                                           const qr_quantize_args* args,
+                                           qr_grouped_quantized* dst) noexcept {
+    return guard([&] {
+      check_grouped_device_call(src, args, dst, "plugin");
+      self(q)->quantize_grouped_device(*src, *args, *dst);
     });
   }
   static qr_status prepare_tensor_cast(qr_quantizer* q, const qr_tensor_view* src,
@@ -401,6 +473,16 @@ void* extras(const char* name) {
     if (std::strcmp(name, QR_EXTRA_QUANTIZE_GROUPED) == 0) {
       const qr_quantize_grouped_fn fn = &Trampolines<Q>::quantize_grouped;
       return reinterpret_cast<void*>(fn);  // POSIX: function pointers round-trip through void*
+    }
+  }
+  if constexpr (HasQuantizeGroupedDevice<Q>) {
+    if (std::strcmp(name, QR_EXTRA_GROUPED_DEVICE_SIZES) == 0) {
+      const qr_grouped_device_sizes_fn fn = &Trampolines<Q>::grouped_device_sizes;
+      return reinterpret_cast<void*>(fn);
+    }
+    if (std::strcmp(name, QR_EXTRA_QUANTIZE_GROUPED_DEVICE) == 0) {
+      const qr_quantize_grouped_device_fn fn = &Trampolines<Q>::quantize_grouped_device;
+      return reinterpret_cast<void*>(fn);
     }
   }
   if constexpr (HasPrepareTensorCast<Q>) {

@@ -17,6 +17,7 @@
 // it decodes with, e.g. another block shape or element dtype of the same format).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -259,6 +260,40 @@ inline const qr_direction_data& check_dequantize_call(const qr_quantized_tensor&
 inline void check_stored(const qr_direction_data& dd, const qr_direction_layout& want,
                          qr_direction d, const qr_device& device, const char* format) {
   detail::check_direction(dd, want, d, device, format, "dequantize", /*writing=*/false);
+}
+
+
+// ---------------------------------------------------------------- device-split groups
+
+// The source of a device-split grouped call (plugin_abi.h QR_EXTRA_QUANTIZE_GROUPED_DEVICE):
+// a contiguous CUDA tensor this build serves. Host tensors take host splits (the descriptor's
+// quantize_grouped), so another device is QR_STATUS_UNSUPPORTED.
+inline void check_grouped_device_source(const qr_tensor_view& src, const char* format) {
+  QR_CHECK_CODE(src.device.type == QR_DEVICE_CUDA, QR_STATUS_UNSUPPORTED, format,
+                " quantize_grouped_device: device-split groups are for CUDA tensors, the source "
+                "is on device type ", src.device.type, "; pass host splits for CPU tensors");
+  require_supported_device(src.device, format, "quantize_grouped_device", "the source");
+  require_contiguous_source(src, format, "quantize_grouped_device");
+}
+
+// Direction d of a device-split grouped destination, requested: its buffers hold at least what
+// the quantizer's grouped_device_sizes gives for the call, its scale_inv is set and, when the
+// format keeps one (`needs_amax`), its amax. Returns the direction.
+template <class Q>
+const qr_grouped_direction& check_grouped_device_direction(const Q& q,
+                                                           const qr_grouped_quantized& dst,
+                                                           qr_direction d, bool needs_amax,
+                                                           const char* format) {
+  const qr_grouped_direction& gd = d == QR_DIRECTION_ROWWISE ? dst.rowwise : dst.columnwise;
+  std::size_t data = 0, scales = 0;
+  q.grouped_device_sizes(dst.rows, dst.cols, dst.num_groups, d, data, scales);
+  QR_CHECK(gd.data_bytes >= data && gd.scale_bytes >= scales && gd.scale_inv != nullptr &&
+               (!needs_amax || gd.amax != nullptr),
+           format, " quantize_grouped_device: the ", direction_str(d), " buffers hold ",
+           gd.data_bytes, " / ", gd.scale_bytes, " bytes",
+           needs_amax && !gd.amax ? " and no amax" : "", ", need ", data, " / ", scales,
+           " (grouped_device_sizes)", gd.scale_inv ? "" : " and a scale_inv buffer");
+  return gd;
 }
 
 }  // namespace qrecipe::sdk

@@ -62,6 +62,14 @@ FormatPlugin::FormatPlugin(std::string path, const qr_plugin_descriptor* d)
   if (d->get_proc_address != nullptr) {
     quantize_grouped_ =
         reinterpret_cast<qr_quantize_grouped_fn>(d->get_proc_address(QR_EXTRA_QUANTIZE_GROUPED));
+    grouped_device_sizes_ = reinterpret_cast<qr_grouped_device_sizes_fn>(
+        d->get_proc_address(QR_EXTRA_GROUPED_DEVICE_SIZES));
+    quantize_grouped_device_ = reinterpret_cast<qr_quantize_grouped_device_fn>(
+        d->get_proc_address(QR_EXTRA_QUANTIZE_GROUPED_DEVICE));
+    QR_CHECK((grouped_device_sizes_ == nullptr) == (quantize_grouped_device_ == nullptr),
+             "plugin ", path_, " (format '", name_, "') provides only one of the extras ",
+             QR_EXTRA_GROUPED_DEVICE_SIZES, " and ", QR_EXTRA_QUANTIZE_GROUPED_DEVICE,
+             "; plugin_abi.h requires both or neither");
     adam_requantize_ =
         reinterpret_cast<qr_adam_requantize_fn>(d->get_proc_address(QR_EXTRA_ADAM_REQUANTIZE));
     adam_requantize_supports_ = reinterpret_cast<qr_adam_requantize_supports_fn>(

@@ -31,7 +31,18 @@ or at the first micro-batch (``is_first_microbatch`` None or True; the kept expe
 into the weight cache); later micro-batches reuse the cache (a stale expert is re-quantized on
 its own). Under autocast the experts' GEMMs are one autograd node (grouped_linear_function.py)
 whose forward quantizes all experts' inputs with one grouped call and whose backward does the
-same for their output gradients; torch.compile traces the per-expert path instead.
+same for their output gradients, each GEMM kind of all experts one grouped engine GEMM (one
+kernel launch on a GPU with the grouped kernels, docs/gemm.md "Grouped GEMMs"); torch.compile
+traces the per-expert path instead.
+
+Splits on the device: ``m_splits`` may be a tensor (a router's output). On a GPU, when every
+GEMM and quantization of the call has a device-split path (``device_splits_plan``: the grouped
+kernels are built, the formats of input and grad_output quantize device-split groups (float8,
+blockwise 1x128, mxfp8), no bias, every expert's weight needs a gradient or none does), the
+sizes are never read on the host: the forward and backward run without a host
+synchronization (the values are checked on the device by ``torch._assert_async``). Otherwise
+the tensor is read on the host (``tolist()``, a synchronization) and the host path runs. A CPU
+tensor is read by the engine on the CPU: the same numbers as a list.
 """
 from __future__ import annotations
 
@@ -43,10 +54,13 @@ import torch
 
 from .._engine import _C
 from ..quantization import COLUMNWISE, ROWWISE
+from ..recipe import as_recipe
 from ..quantized_param import QuantizedInitMixin, QuantizedWeight
+from .. import telemetry as _telemetry
 from . import weight_cache as _weight_cache
 from .base import QuantizedModule, init_linear_parameters, register_linear_parameters
-from .grouped_linear_function import GroupedCall, GroupedLinearFunction, grouped_forward
+from .grouped_linear_function import (GroupedCall, GroupedLinearFunction, TensorSplits,
+                                      grouped_forward)
 from .linear_gemms import observe_groups, refuse_graph_capture, weight_operand_of
 
 Splits = Union[Sequence[int], torch.Tensor]
@@ -161,33 +175,76 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
                 f"tensors are quantized separately; {layout}"]
 
     # ---------------------------------------------------------------- forward
-    def _check_splits(self, m_splits: Splits, x: torch.Tensor) -> List[int]:
+    def _check_splits(self, m_splits: Splits, x: torch.Tensor) -> Union[List[int], torch.Tensor]:
+        """The splits as a list of ints, checked; or, for a tensor, the tensor itself (shape
+        and dtype checked here; a GPU tensor's values by torch._assert_async, never read on
+        the host; a CPU tensor's read and checked like a list)."""
         who = self._who()
+        rows = x.numel() // self.in_features if self.in_features else 0
         if isinstance(m_splits, torch.Tensor):
             if m_splits.dim() != 1 or m_splits.is_floating_point() or m_splits.is_complex():
                 raise TypeError(f"{who}: m_splits must be a 1-D integer tensor or a list of "
                                 f"ints, got a {m_splits.dtype} tensor of shape "
                                 f"{tuple(m_splits.shape)}")
-            splits = m_splits.tolist()  # a device tensor synchronises here
-        else:
-            try:
-                splits = [operator.index(m) for m in m_splits]
-            except TypeError:
-                raise TypeError(f"{who}: m_splits must be a list of ints (rows per expert), "
-                                f"got {m_splits!r}") from None
+            if m_splits.numel() != self.num_gemms:
+                raise ValueError(f"{who}: m_splits has {m_splits.numel()} entries, expected "
+                                 f"num_gemms={self.num_gemms} (one row count per expert)")
+            if m_splits.device.type != "cpu":
+                if m_splits.device != x.device:
+                    raise ValueError(f"{who}: m_splits lives on {m_splits.device} but the "
+                                     f"input on {x.device}; keep them on one device")
+                # Checked where the values are, without waiting for them.
+                torch._assert_async(torch.all(m_splits >= 0),
+                                    f"{who}: m_splits has a negative row count")
+                torch._assert_async(torch.sum(m_splits) == rows,
+                                    f"{who}: m_splits does not sum to the input's {rows} rows")
+                return m_splits
+            self._check_split_values(m_splits.tolist(), x)
+            return m_splits
+        try:
+            splits = [operator.index(m) for m in m_splits]
+        except TypeError:
+            raise TypeError(f"{who}: m_splits must be a list of ints (rows per expert), "
+                            f"got {m_splits!r}") from None
         if len(splits) != self.num_gemms:
             raise ValueError(f"{who}: m_splits has {len(splits)} entries, expected "
                              f"num_gemms={self.num_gemms} (one row count per expert)")
+        self._check_split_values(splits, x)
+        return splits
+
+    def _check_split_values(self, splits: List[int], x: torch.Tensor) -> None:
+        who = self._who()
+        rows = x.numel() // self.in_features if self.in_features else 0
         for i, m in enumerate(splits):
             if m < 0:
                 raise ValueError(f"{who}: m_splits[{i}] = {m} is negative; row counts must be "
                                  ">= 0")
-        rows = x.numel() // self.in_features if self.in_features else 0
         if sum(splits) != rows:
             raise ValueError(f"{who}: m_splits sums to {sum(splits)} but the input of shape "
                              f"{tuple(x.shape)} has {rows} rows; the splits must cover every "
                              "row, in expert order")
-        return splits
+
+    def device_splits_plan(self, recipe=None, dtype: torch.dtype = torch.bfloat16) -> dict:
+        """Whether a call under `recipe` (the default recipe when None) with activations of
+        `dtype` runs with m_splits on a GPU without reading them on the host: {'served':
+        bool, 'why': str, 'fprop' | 'dgrad' | 'wgrad': the grouped plan of each GEMM}."""
+        recipe = as_recipe(recipe)
+        w_dtype = self.expert_weights()[0].dtype
+        key = (recipe, dtype, self.fuse_wgrad_accumulation, self.use_bias, w_dtype)
+        plans = self.__dict__.setdefault("_device_split_plans", {})
+        if key not in plans:
+            def written(t):  # what the engine writes for an output of dtype t
+                return "bf16" if t == torch.bfloat16 else "f32"
+            wgrad = "f32" if self.fuse_wgrad_accumulation else written(w_dtype)
+            plan = dict(_C.plan_grouped_linear(
+                recipe.engine, self.MODULE_TYPE, self.role_name(""), self.in_features,
+                self.out_features, written(dtype), wgrad, self.fuse_wgrad_accumulation,
+                self.use_bias))
+            if not _C.grouped_kernels_built():
+                plan["served"] = False
+                plan["why"] = "this build has no grouped GEMM kernels (CUTLASS)"
+            plans[key] = plan
+        return plans[key]
 
     def _attach_main_grad_views(self, weights: List[torch.Tensor], recipe) -> None:
         """Single-parameter layout with fuse_wgrad_accumulation: each expert's view gets the
@@ -230,7 +287,8 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
         if roles is None or roles.all_none:
             # Outside autocast, nothing quantized (F.linear per expert), or while
             # torch.compile traces (each expert one traced operator): expert by expert.
-            xs = x.reshape(-1, self.in_features).split(splits, dim=0)
+            sizes = splits.tolist() if isinstance(splits, torch.Tensor) else splits
+            xs = x.reshape(-1, self.in_features).split(sizes, dim=0)
             outs = [self._linear(xi, wi, bi, "", is_first_microbatch,
                                  self.fuse_wgrad_accumulation,
                                  (self.weight, i) if self.single_grouped_parameter else None,
@@ -240,9 +298,29 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
         # Before the step is noted: a refused capture leaves the scaling update as it was.
         refuse_graph_capture(x, "forward", roles.plan.get("name", ""))
         recipe.note_step_activity()
+        if isinstance(splits, torch.Tensor):
+            splits = self._tensor_splits(splits, x, weights, recipe)
         return self._grouped_forward(x, splits, weights, recipe, roles, is_first_microbatch)
 
-    def _grouped_forward(self, x: torch.Tensor, splits: List[int], weights: List[torch.Tensor],
+    def _tensor_splits(self, splits: torch.Tensor, x: torch.Tensor, weights: List[torch.Tensor],
+                       recipe) -> Union[List[int], TensorSplits]:
+        """Tensor m_splits as the call uses them: TensorSplits when the whole call has a
+        device-split path (always on the CPU, where the engine reads them), else the host
+        list (on a GPU: tolist(), a synchronization; device_splits_plan says why)."""
+        if _telemetry.state.on:
+            # Telemetry observes each expert's rows (linear_gemms.observe_groups), which takes
+            # the host sizes: read them once here rather than leave experts unobserved.
+            return splits.tolist()
+        grad = torch.is_grad_enabled()
+        uniform = len({grad and w.requires_grad for w in weights}) == 1  # wgrad: all or none
+        if splits.device.type == "cpu":
+            return TensorSplits.of(splits) if uniform else splits.tolist()
+        if uniform and self.device_splits_plan(recipe, x.dtype)["served"]:
+            return TensorSplits.of(splits)
+        return splits.tolist()  # reads the GPU tensor: a host synchronization
+
+    def _grouped_forward(self, x: torch.Tensor, splits: Union[List[int], TensorSplits],
+                         weights: List[torch.Tensor],
                          recipe, roles, is_first_microbatch: Optional[bool]) -> torch.Tensor:
         """Every expert under `roles` as one autograd node (grouped_linear_function.py): the
         experts' inputs and output gradients each quantized by one grouped call."""
@@ -267,7 +345,7 @@ class GroupedLinear(QuantizedInitMixin, QuantizedModule):
                            main_grad_weights=[w if fuse else None for w in weights],
                            trim_weight_ops=trim)
         if not (need_dgrad or any(need_wgrad) or needs_bias_grad):
-            y, _ = grouped_forward(x, call, weights, biases, saving=False)
+            y, _, _ = grouped_forward(x, call, weights, biases, saving=False)
             return y.reshape(*x.shape[:-1], self.out_features)
         bias_params = biases if self.use_bias else []
         return GroupedLinearFunction.apply(x, call, *weights, *bias_params)

@@ -13,6 +13,7 @@
 // E2M1 through a byte-permutation table. Every multiplication is a plain multiply of two
 // exact values whose product is exact or checked (-fmad=false, no FTZ).
 #include "gemm/cuda/gemm_cuda_kernels.hpp"
+#include "gemm/cuda/decode_values.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -181,31 +182,6 @@ struct UnitBatch {
   ExactnessFlag flag;
 };
 
-// FP8 codes -> FP32 through the hardware FP8 -> F16 conversion (exact: F16 holds every E4M3
-// and E5M2 value, NaN stays NaN).
-template <Code C>
-__device__ __forceinline__ float2 fp8x2_to_f32x2(std::uint16_t pair) {
-  constexpr __nv_fp8_interpretation_t kind = C == Code::e4m3 ? __NV_E4M3 : __NV_E5M2;
-  const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), kind);
-  return __half22float2(__half2(raw));
-}
-
-__device__ __forceinline__ float e4m3_to_f32_hw(std::uint8_t code) {
-  const __half_raw raw = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
-  return __half2float(__half(raw));
-}
-
-// E2M1 code (sign in bit 3) -> FP32 from its bits: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6.
-__device__ __forceinline__ float e2m1_to_f32(std::uint32_t c) {
-  const std::uint32_t e = (c >> 1) & 3u, m = c & 1u;
-  std::uint32_t bits;
-  if (e == 0)
-    bits = m ? 0x3F000000u : 0u;  // 0.5 or 0
-  else
-    bits = ((e + 126u) << 23) | (m << 22);
-  return __uint_as_float(bits | ((c & 8u) << 28));
-}
-
 // Four E2M1 codes (element i in bits 4i..4i+3 of c) -> four BF16 values, two per word
 // (element 0 in the low half of .x). Table lookups by byte permutation: the 3-bit magnitude
 // index selects the high byte (0x00, 0x3F x3, 0x40 x4) and the low byte (0x00, 0x00, 0x80,
@@ -231,12 +207,6 @@ __device__ __forceinline__ std::uint32_t bf16x2_mul(std::uint32_t x, std::uint32
   return *reinterpret_cast<const std::uint32_t*>(&r);
 }
 
-// Decoded FP32 -> BF16 bits. Callers only pass values that are exact in BF16 (or that a check
-// has flagged for the exact GEMM), so dropping the low half is exact. A NaN stays a NaN:
-// every NaN here has high mantissa bits (the F16 NaN of an FP8 or E4M3 NaN code, the E8M0 NaN
-// 0x7FC00000, or the canonical 0x7FFFFFFF a multiplication returns for any NaN operand).
-__device__ __forceinline__ std::uint32_t bf16_bits(float v) { return __float_as_uint(v) >> 16; }
-
 // Two decoded values -> one word of two BF16 (lo in the low half), one byte permute.
 __device__ __forceinline__ std::uint32_t bf16x2_bits(float lo, float hi) {
   return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
@@ -256,17 +226,6 @@ __device__ __forceinline__ void divmod(std::int64_t n, std::int64_t d, std::int6
 
 __device__ __forceinline__ std::int64_t scale_index(const StoredOperand& op, std::int64_t bp, std::int64_t bq) {
   return op.scale_transposed ? bq * op.scale_ld + bp : bp * op.scale_ld + bq;
-}
-
-template <BlockScale S>
-__device__ __forceinline__ float scale_value(std::uint32_t raw) {
-  if constexpr (S == BlockScale::e8m0) {
-    return num::e8m0_to_f32(static_cast<std::uint8_t>(raw));
-  } else if constexpr (S == BlockScale::e4m3) {
-    return e4m3_to_f32_hw(static_cast<std::uint8_t>(raw));
-  } else {
-    return __uint_as_float(raw);
-  }
 }
 
 // The raw bits of a scale (a byte, or the FP32 bits).
@@ -294,16 +253,6 @@ __device__ __forceinline__ float load_code(const StoredOperand& op, std::int64_t
     const std::uint8_t byte = static_cast<const std::uint8_t*>(op.data)[p * op.cols + q];
     return fp8x2_to_f32x2<C>(byte).x;
   }
-}
-
-// An operand's per-tensor factor (FactorSource in gemm_cuda_kernels.hpp).
-__device__ float factor_value(const FactorSource& f) {
-  switch (f.kind) {
-    case Factor::none: return 1.0f;
-    case Factor::value: return *f.ptr;
-    case Factor::from_amax: return tensor_decode_factor(*f.ptr, f.numerator);
-  }
-  return 1.0f;
 }
 
 __device__ void write_scalars_now(const Scalars& s) {
@@ -699,8 +648,10 @@ void decode1(const DecodeJob& job, const Scalars& scalars, const ExactnessFlag& 
                 " with block scale ", static_cast<int>(op.scale));
 }
 
+}  // namespace
+
 // Multiprocessors of `device` (cached; 132, an H100's, if the query fails: only a grid size).
-int multiprocessors(int device) {
+int multiprocessor_count(int device) {
   static std::atomic<int> counts[64] = {};
   if (device < 0 || device >= 64) return 132;
   int n = counts[device].load(std::memory_order_relaxed);
@@ -713,8 +664,6 @@ int multiprocessors(int device) {
   }
   return n;
 }
-
-}  // namespace
 
 void bf16_to_f32(const std::uint16_t* src, float* dst, std::int64_t n, void* stream) {
   if (n == 0) return;
@@ -801,7 +750,7 @@ void exact_gemm_if_flagged(const ExactGemm& gemm, const ExactnessFlag& flag, int
   QR_CHECK_CODE(!gemm.accumulate || gemm.old != nullptr, QR_STATUS_INTERNAL,
                 "exact_gemm_if_flagged: accumulate needs the old output");
   const std::int64_t tiles = ((gemm.m + kExactTile - 1) / kExactTile) * ((gemm.n + kExactTile - 1) / kExactTile);
-  const int grid = static_cast<int>(std::min<std::int64_t>(tiles, 2 * std::int64_t{multiprocessors(device)}));
+  const int grid = static_cast<int>(std::min<std::int64_t>(tiles, 2 * std::int64_t{multiprocessor_count(device)}));
   exact_gemm_kernel<<<grid, kExactThreads, 0, static_cast<cudaStream_t>(stream)>>>(gemm, flag);
   check_launch("exact_gemm_if_flagged", gemm.m * gemm.n);
 }

@@ -160,5 +160,9 @@ void exact_gemm_if_flagged(const ExactGemm& gemm, const ExactnessFlag& flag, int
 // Only the scalars (when no operand is decoded).
 void write_scalars(const Scalars& scalars, void* stream);
 
+// Multiprocessors of `device` (cached; 132, an H100's, if the query fails: only grid sizes
+// depend on it).
+int multiprocessor_count(int device);
+
 }  // namespace qrecipe::detail::gemm_kernels
 QR_INTERNAL_END
