@@ -198,6 +198,16 @@ struct Counts {
 
 // ---------------------------------------------------------------- one recipe
 
+bool unverified_enabled() {
+  const char* v = std::getenv("QRECIPE_GROUPED_UNVERIFIED");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+OperandTraits traits_of(const GemmOperand& g) {
+  return g.tensor ? OperandTraits::of(g.tensor->layout(g.direction), g.direction)
+                  : OperandTraits::high_precision(DType::bf16);
+}
+
 void check_recipe(const std::string& recipe, const std::vector<std::int64_t>& splits, std::int64_t K,
                   std::int64_t N, Counts& counts) {
   CAPTURE(recipe);
@@ -263,7 +273,8 @@ void check_recipe(const std::string& recipe, const std::vector<std::int64_t>& sp
     const std::int64_t cols = fprop ? N : K;
     for (const DType out : {DType::bf16, DType::f32}) {
       for (const bool accumulate : {false, true}) {
-        CAPTURE(gemm_kind_name(kind));
+        const std::string kind_name = gemm_kind_name(kind);
+        CAPTURE(kind_name);
         CAPTURE(dtype_name(out));
         CAPTURE(accumulate);
         ++counts.cases;
@@ -305,13 +316,43 @@ void check_recipe(const std::string& recipe, const std::vector<std::int64_t>& sp
         const GroupedGemmPlan plan = gemm_grouped(GroupedOperand::per_group(ga), GroupedOperand::per_group(gb),
                                                   GroupedOutput{host_views, TensorView()}, o);
         CAPTURE(plan.str());
-        if (grouped_kernels_built()) CHECK(plan.mode == GroupedGemmPlan::Mode::grouped);
+        if (grouped_kernels_built() && plan.mode != GroupedGemmPlan::Mode::grouped) {
+          // One GEMM per group only for a reason the inputs give: a wgrad whose group rows TMA
+          // cannot read (a group of tokens that is not a multiple of 16 bytes), or a pair whose
+          // grouped kernel is gated off (grouped_pairing.cpp: not yet through this suite).
+          const int bits = recipe == "none" ? 16 : 8;
+          bool unaligned_wgrad = false;
+          for (auto r : splits) unaligned_wgrad |= kind == GemmKind::wgrad && r > 0 && r * bits % 128 != 0;
+          const bool gated_recipe = recipe != "none" && recipe.rfind("float8", 0) != 0 && recipe != "default";
+          const bool gated = plan.reason.find("is disabled until it passes the GPU parity suite") != std::string::npos;
+          const bool unaligned = plan.reason.find("16-byte aligned") != std::string::npos;
+          CHECK(((gated && gated_recipe && !unverified_enabled()) || (unaligned && unaligned_wgrad)));
+        }
         counts.grouped_launches += plan.mode == GroupedGemmPlan::Mode::grouped;
         counts.per_group += plan.mode == GroupedGemmPlan::Mode::per_group;
 
-        // The device-split run.
+        // The device-split run, where the device-split plan serves the pair; where it does not
+        // (a gated kernel), the call must be refused, never run per group on guessed shapes.
+        const GroupedGemmPlan split_plan =
+            plan_gemm_grouped(kind, traits_of(ca[0]), traits_of(cb[0]), out, accumulate, false, cb[0].outer(),
+                              kind == GemmKind::wgrad ? ca[0].outer() : ca[0].inner(), GemmTarget::sm90, true);
+        const bool run_device = device_ok && split_plan.mode != GroupedGemmPlan::Mode::refused;
         std::optional<Tensor> split_out;
-        if (device_ok) {
+        if (device_ok && !run_device) {
+          o.splits = &dsplits;
+          const auto split_or_dense = [&](const std::optional<GroupedQuantizedTensor>& t, const Quantizer* q,
+                                          const Tensor& dense, qr_direction d) {
+            return t ? GroupedOperand::split(*t, *q, d) : GroupedOperand::split_dense(dense.view(), d);
+          };
+          const GroupedOperand sa = fprop ? split_or_dense(x_split, gx.get(), dx_dev, R)
+                                    : dgrad ? split_or_dense(dy_split, gg.get(), ddy_dev, R)
+                                            : split_or_dense(dy_split, gg.get(), ddy_dev, C);
+          const GroupedOperand sb = kind == GemmKind::wgrad ? split_or_dense(x_split, gx.get(), dx_dev, C)
+                                                            : GroupedOperand::per_group(gb);
+          CHECK_THROWS(gemm_grouped(sa, sb, GroupedOutput{device_views, TensorView()}, o));
+          o.splits = nullptr;
+        }
+        if (run_device) {
           o.splits = &dsplits;
           const auto split_side = [&](const std::optional<GroupedQuantizedTensor>& t, const Quantizer* q,
                                       const Tensor& dense, qr_direction d) {
@@ -356,7 +397,7 @@ void check_recipe(const std::string& recipe, const std::vector<std::int64_t>& sp
             MESSAGE("group " << g << ": per-group plan but not the per-group GEMMs' bytes");
           }
           std::vector<float> dev;
-          if (device_ok) {
+          if (run_device) {
             dev = kind == GemmKind::wgrad ? values_of(device_g[g].view())
                                           : values_of(rows_of(split_out->view(), row, splits[g]));
             // The same grouped kernel on the same bytes. (Host groups whose rows TMA cannot
@@ -429,7 +470,8 @@ TEST_CASE("GPU grouped GEMM == per-group GEMMs and the CPU reference, every ship
     MESSAGE("not supported: no CUDA device (" << cuda_status() << ")");
     return;
   }
-  MESSAGE("grouped kernels built: " << (grouped_kernels_built() ? "yes (CUTLASS)" : "no (per-group GEMMs)"));
+  MESSAGE("grouped kernels built: " << std::string(grouped_kernels_built() ? "yes (CUTLASS)" : "no (per-group GEMMs)")
+          << "; gated kernels (QRECIPE_GROUPED_UNVERIFIED): " << std::string(unverified_enabled() ? "on" : "off"));
   Counts counts;
   const std::vector<std::int64_t> uneven{96, 0, 1, 130, 48, 17};
   const std::vector<std::int64_t> runs16{96, 0, 16, 128, 48, 32};  // NVFP4's Hadamard: 16-row runs
