@@ -21,6 +21,8 @@ out=${2:?usage: profile_quantize.sh BUILD_DIR OUT_DIR [formats] [shape]}
 formats=${3:-nvfp4,blockwise,hybrid}
 shape=${4:-8192x8192}
 mkdir -p "$out"
+bin=$build/bin/bench_quantize
+if [[ ! -x $bin ]]; then echo "profile_quantize: no $bin (build first: tools/gpu_check.sh build)"; exit 2; fi
 ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [[ -z $ncu_bin ]]; then echo "profile_quantize: ncu not found"; exit 3; fi
 metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
@@ -29,7 +31,7 @@ metrics+=,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.
 metrics+=,dram__bytes.sum,launch__grid_size,launch__block_size
 "$ncu_bin" --clock-control none --csv --print-units base --metrics "$metrics" \
   --launch-count ${NCU_LAUNCHES:-400} \
-  "$build/bench/bench_quantize" --runs 1 --warmup 0 --shapes "$shape" --formats "$formats" \
+  "$bin" --runs 1 --warmup 0 --shapes "$shape" --formats "$formats" \
   > "$out/ncu_quantize.raw" 2> "$out/ncu_quantize.err"
 rc=$?
 if [[ $rc -ne 0 ]] || ! grep -q '"Metric Name"' "$out/ncu_quantize.raw"; then
