@@ -338,21 +338,7 @@ void check_recipe(const std::string& recipe, const std::vector<std::int64_t>& sp
                               kind == GemmKind::wgrad ? ca[0].outer() : ca[0].inner(), GemmTarget::sm90, true);
         const bool run_device = device_ok && split_plan.mode != GroupedGemmPlan::Mode::refused;
         std::optional<Tensor> split_out;
-        if (device_ok && !run_device) {
-          o.splits = &dsplits;
-          const auto split_or_dense = [&](const std::optional<GroupedQuantizedTensor>& t, const Quantizer* q,
-                                          const Tensor& dense, qr_direction d) {
-            return t ? GroupedOperand::split(*t, *q, d) : GroupedOperand::split_dense(dense.view(), d);
-          };
-          const GroupedOperand sa = fprop ? split_or_dense(x_split, gx.get(), dx_dev, R)
-                                    : dgrad ? split_or_dense(dy_split, gg.get(), ddy_dev, R)
-                                            : split_or_dense(dy_split, gg.get(), ddy_dev, C);
-          const GroupedOperand sb = kind == GemmKind::wgrad ? split_or_dense(x_split, gx.get(), dx_dev, C)
-                                                            : GroupedOperand::per_group(gb);
-          CHECK_THROWS(gemm_grouped(sa, sb, GroupedOutput{device_views, TensorView()}, o));
-          o.splits = nullptr;
-        }
-        if (run_device) {
+        if (device_ok) {
           o.splits = &dsplits;
           const auto split_side = [&](const std::optional<GroupedQuantizedTensor>& t, const Quantizer* q,
                                       const Tensor& dense, qr_direction d) {
@@ -363,7 +349,18 @@ void check_recipe(const std::string& recipe, const std::vector<std::int64_t>& sp
                                             : split_side(dy_split, gg.get(), ddy_dev, C);
           const GroupedOperand sb = kind == GemmKind::wgrad ? split_side(x_split, gx.get(), dx_dev, C)
                                                             : GroupedOperand::per_group(gb);
-          if (kind == GemmKind::wgrad) {
+          if (!run_device) {
+            // Refused with the plan's reason (a gated kernel), before anything runs.
+            Tensor unused(out, {T, cols}, Device::cuda(0), alloc);
+            try {
+              gemm_grouped(sa, sb, kind == GemmKind::wgrad ? GroupedOutput{device_views, TensorView()}
+                                                           : GroupedOutput{{}, unused.view()}, o);
+              FAIL("a device-split GEMM the plan refuses ran");
+            } catch (const Error& err) {
+              CHECK(err.code() == QR_STATUS_UNSUPPORTED);
+              CHECK(std::string(err.what()).find("disabled until it passes the GPU parity suite") != std::string::npos);
+            }
+          } else if (kind == GemmKind::wgrad) {
             gemm_grouped(sa, sb, GroupedOutput{device_views, TensorView()}, o);
           } else {
             // The split output starts like the per-group ones.
