@@ -37,7 +37,9 @@ import pytest
 HERE = pathlib.Path(__file__).resolve().parent
 BACKEND = os.environ.get("QRECIPE_FSDP_BACKEND", "gloo")
 WORLDS = [int(w) for w in os.environ.get("QRECIPE_FSDP_WORLDS", "1,2,4").split(",")]
-TIMEOUT_S = 900  # one launch (all its cases); generous for 4 processes on 2 loaded cores
+# One launch (all its cases); generous for 4 processes on 2 loaded cores. A GPU script can
+# lower it (QRECIPE_FSDP_TIMEOUT_S) so a hung launch reports its ranks' stacks in its time.
+TIMEOUT_S = int(os.environ.get("QRECIPE_FSDP_TIMEOUT_S", "900"))
 ADAM = ["adam_training", "adam_grouped", "adam_dcp", "adam_refusals"]
 CASES = {
     1: ["gather", "gather_grouped", "bytes", "training", "delayed_state", "meta_init", "dcp"] +
