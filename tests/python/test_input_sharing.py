@@ -97,6 +97,36 @@ def test_changed_input_is_quantized_again():
     input_sharing.clear()
 
 
+def test_views_of_one_base_share_and_other_views_do_not():
+    # A tensor-parallel ColwiseParallel layer reads DTensor.to_local(): a fresh view of the
+    # same local tensor per Linear. Views at the same offset, shape and strides hold the same
+    # bytes and share; another offset, or the base changed in place, quantize anew.
+    torch.manual_seed(0)
+    a = qrecipe.nn.Linear(WIDTH, WIDTH, name="a")
+    b = qrecipe.nn.Linear(WIDTH, WIDTH, name="b")
+    base = torch.randn(2 * TOKENS, WIDTH)
+    input_sharing.reset_stats()
+    with qrecipe.autocast():
+        ya = a(base[:TOKENS].view_as(base[:TOKENS]))
+        yb = b(base[:TOKENS].view_as(base[:TOKENS]))  # another view object, same bytes
+    assert input_sharing.stats == {"quantized": 1, "shared": 1}
+    with qrecipe.autocast():
+        assert torch.equal(b(base[:TOKENS].clone()), yb)  # bit-identical to its own quantization
+    input_sharing.reset_stats()
+    with qrecipe.autocast():
+        a(base[:TOKENS])
+        b(base[TOKENS:])  # same base, other rows
+    assert input_sharing.stats == {"quantized": 2, "shared": 0}
+    input_sharing.reset_stats()
+    with qrecipe.autocast():
+        a(base[:TOKENS])
+        base.mul_(2)  # the base changed: its views' version moved too
+        b(base[:TOKENS])
+    assert input_sharing.stats == {"quantized": 2, "shared": 0}
+    assert ya.shape == yb.shape
+    input_sharing.clear()
+
+
 def test_saved_operand_survives_the_next_input():
     # The shared operand's rowwise copy is dropped when another input comes; backward reads
     # the columnwise views each Linear saved.

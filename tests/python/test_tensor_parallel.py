@@ -103,8 +103,9 @@ def _check_recipe(name, layout, rank, mesh):
     with qrecipe.autocast(recipe):
         y = tp(xt)
     q_in = recipe.quantizer("linear", "input", "gate")
-    # sp: gate and up read the same sharded DTensor: one quantized all-gather for both.
-    if layout == "sp" and q_in is not None and qrecipe.quantization.is_stateless(q_in._cpp) and \
+    # gate and up read the same input: one quantization (sp: one quantized all-gather) for
+    # both; tp: each takes its own view of the replicated local tensor (input_sharing.py).
+    if q_in is not None and qrecipe.quantization.is_stateless(q_in._cpp) and \
             input_sharing.stats["shared"] < 1:
         problems_early = [f"{layout}/{name}: up did not take gate's quantized input "
                           f"({input_sharing.stats})"]

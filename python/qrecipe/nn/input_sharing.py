@@ -6,8 +6,9 @@ them the same quantizer spec; when that spec is stateless (no delayed scaling, n
 rounding: ``quantization.is_stateless``), quantizing the same tensor with it gives the same
 bytes every time, so the second and third quantizations are wasted work. Here the last input
 seen (per thread) keeps its quantized operands, keyed by (spec, usage): a Linear that reads
-the same tensor object, unchanged (same ``_version``, storage, shape, dtype), under the same
-spec and usage takes the operand already made. The results are bit-identical to quantizing
+the same tensor object, or a view of the same base at the same offset, shape and strides,
+unchanged (same ``_version``), under the same spec and usage takes the operand already
+made. The results are bit-identical to quantizing
 again (tests/python/test_input_sharing.py).
 
 Memory: the operand holds both directions (rowwise for fprop, columnwise for wgrad). Each
@@ -53,9 +54,18 @@ def share_key(quantizer) -> Optional[str]:
     return quantizer.spec
 
 
+def _anchor(x: torch.Tensor) -> torch.Tensor:
+    """The tensor whose lifetime and version stand for `x`'s bytes: its base when `x` is a
+    view. Several Linears may each get their own view of one tensor (a tensor-parallel
+    ColwiseParallel layer takes ``DTensor.to_local()``, a fresh view per call), and views of
+    one base at the same offset, shape and strides hold the same bytes."""
+    return x._base if x._base is not None else x
+
+
 def _identity(x: torch.Tensor) -> tuple:
-    return (id(x), x._version, x.data_ptr(), tuple(x.shape), tuple(x.stride()), x.dtype,
-            x.device)
+    anchor = _anchor(x)  # views share their base's version counter
+    return (id(anchor), anchor._version, x.data_ptr(), tuple(x.shape), tuple(x.stride()),
+            x.dtype, x.device)
 
 
 def _evict() -> None:
@@ -73,10 +83,10 @@ def operand(x: torch.Tensor, x2: torch.Tensor, quantizer, key: str, usage: int, 
     """`x2` (x as [tokens, in]) quantized by `quantizer` with `usage`, shared with earlier
     Linears that read the same `x` under spec `key`; `quantize(quantizer, tensor, usage)`
     makes a new one."""
-    identity = _identity(x)
-    if _last.key != identity or _last.x is None or _last.x() is not x:
+    identity, anchor = _identity(x), _anchor(x)
+    if _last.key != identity or _last.x is None or _last.x() is not anchor:
         _evict()
-        _last.x = weakref.ref(x)
+        _last.x = weakref.ref(anchor)
         _last.key = identity
     op = _last.ops.get((key, usage))
     if op is None:
