@@ -709,8 +709,8 @@ def case_adam_dcp(rank, world, args):
 
 def case_adam_refusals(rank, world, args):
     """What FusedAdam cannot do with quantized shards is refused, naming the parameter:
-    capturable=True with a shard of a per-tensor-scaled format (its amax all-reduce runs on
-    the host); a DTensor state placed otherwise than its parameter at load time."""
+    capturable=True with a shard of a per-tensor-scaled format (its amax all-reduce is a
+    collective outside the captured step); a DTensor state placed otherwise than its parameter at load time."""
     model = adam_model(qrecipe.Recipe.builtin("default"), 3, True)
     if world > 1:  # (one rank holds whole weights: nothing to all-reduce)
         try:

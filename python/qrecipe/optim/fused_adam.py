@@ -129,7 +129,8 @@ class FusedAdam(torch.optim.Optimizer):
         capturable: step counts on the parameters' device and read there, so a CUDA graph
             can capture the step (run one eager step first: it creates the state). Refused
             for a QuantizedWeight shard of a per-tensor-scaled format (its amax all-reduce
-            runs through the host).
+            is a collective outside the engine's step, and formats without the device-amax
+            extras, such as hybrid, copy the amax through the host).
         exp_avg_dtype, exp_avg_sq_dtype: torch.float32 or torch.bfloat16.
 
     Gradients: ``p.main_grad`` when the parameter has one (``fuse_wgrad_accumulation``), else
@@ -200,8 +201,10 @@ class FusedAdam(torch.optim.Optimizer):
                     f"FusedAdam(capturable=True) cannot train {name}: it is a shard (FSDP2 / "
                     "DTensor) of a QuantizedWeight whose format has a per-tensor scale or amax, "
                     "so each step all-reduces the amax of the new master over the shard group "
-                    "on the host, which a CUDA graph cannot capture. Use capturable=False, or "
-                    "a block-scaled format (mxfp8, blockwise) for sharded weights")
+                    "in a collective outside the engine's step (and through the host for "
+                    "formats without the device-amax extras), which this step does not capture "
+                    "yet. Use capturable=False, or a block-scaled format (mxfp8, blockwise) for "
+                    "sharded weights")
             return
         if p.dtype not in _VALUE_DTYPES:
             raise TypeError(f"FusedAdam: {name} has dtype {p.dtype}; FusedAdam updates "
