@@ -413,11 +413,7 @@ void check_recipe(const std::string& recipe, const std::vector<std::int64_t>& sp
           // uses the grouped kernel's accumulation even where the host run went per group).
           GemmPlan device_plan = plan.gemm;
           if (grouped_kernels_built() && plan.mode == GroupedGemmPlan::Mode::per_group) {
-            const OperandTraits ta = ca[g].tensor ? OperandTraits::of(ca[g].tensor->layout(ca[g].direction), ca[g].direction)
-                                                  : OperandTraits::high_precision(DType::bf16);
-            const OperandTraits tb = cb[g].tensor ? OperandTraits::of(cb[g].tensor->layout(cb[g].direction), cb[g].direction)
-                                                  : OperandTraits::high_precision(DType::bf16);
-            device_plan = plan_gemm_grouped(kind, ta, tb, out, accumulate, false, cb[g].outer(),
+            device_plan = plan_gemm_grouped(kind, traits_of(ca[g]), traits_of(cb[g]), out, accumulate, false, cb[g].outer(),
                                             kind == GemmKind::wgrad ? ca[g].outer() : ca[g].inner(),
                                             GemmTarget::sm90, true).gemm;
           }

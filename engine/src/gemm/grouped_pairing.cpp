@@ -178,19 +178,22 @@ GroupedGemmPlan plan_gemm_grouped(GemmKind kind, const OperandTraits& a, const O
        << "(the grouped kernels' 16-byte alignment)";
     return fallback(single, os.str());
   }
+  // Gated: every grouped path of block-scaled operands. The GPU parity suite
+  // (tests/gpu/test_gpu_grouped_gemm.cpp) passed for the per-tensor FP8 kernels, the BF16
+  // kernel and the decode of per-tensor-scaled operands; in the same run the FP32
+  // block-scaled kernel ended the process, before the decode of block-scaled operands was
+  // reached. Until both pass, they run only where QRECIPE_GROUPED_UNVERIFIED=1 (for running
+  // that suite on them); the per-group loop, which the GPU suites did pass, serves those
+  // pairs meanwhile.
+  const auto block_scales = [](const OperandTraits& t) {
+    return t.scale_mode == QR_SCALE_BLOCK || t.scale_mode == QR_SCALE_BLOCK_TENSOR;
+  };
+  if ((block_scales(a) || block_scales(b)) && !detail::grouped_unverified_paths_enabled())
+    return fallback(single, "the grouped path of block-scaled operands (the FP32 block-scaled "
+                            "kernel, the decode to BF16) is disabled until it passes the GPU "
+                            "parity suite; QRECIPE_GROUPED_UNVERIFIED=1 enables it for the GPU "
+                            "suites");
   const GroupedKernel native = detail::native_grouped_kernel(kind, a, b);
-  // Gated paths. The GPU parity suite (tests/gpu/test_gpu_grouped_gemm.cpp) passed for the
-  // per-tensor FP8 kernels, the BF16 kernel and the decode of per-tensor-scaled operands; in
-  // the same run the FP32 block-scaled kernel ended the process, before the decode of
-  // block-scaled operands was reached. Until both pass, they run only where
-  // QRECIPE_GROUPED_UNVERIFIED=1 (for running that suite on them); the per-group loop, which
-  // the GPU suites did pass, serves those pairs meanwhile.
-  const char* gate = "; QRECIPE_GROUPED_UNVERIFIED=1 enables it for the GPU suites";
-  const bool block_scaled = native == GroupedKernel::block_1x128_128x128 ||
-                            native == GroupedKernel::block_1x128_1x128;
-  if (block_scaled && !detail::grouped_unverified_paths_enabled())
-    return fallback(single, std::string("the grouped block-scaled kernel is disabled until it "
-                                        "passes the GPU parity suite") + gate);
   if (native != GroupedKernel::none && detail::grouped_kernel_writes(native, out)) {
     p.gemm = {GemmPlan::Path::native, native == GroupedKernel::fp8_e4m3_e4m3_fast,
               detail::grouped_kernel_name(native)};
@@ -200,12 +203,6 @@ GroupedGemmPlan plan_gemm_grouped(GemmKind kind, const OperandTraits& a, const O
     const OperandTraits& bad = decodable(a) ? b : a;
     return fallback(single, "the grouped decoder has no exact BF16 decode of " + bad.str());
   }
-  const auto block_scales = [](const OperandTraits& t) {
-    return t.scale_mode == QR_SCALE_BLOCK || t.scale_mode == QR_SCALE_BLOCK_TENSOR;
-  };
-  if ((block_scales(a) || block_scales(b)) && !detail::grouped_unverified_paths_enabled())
-    return fallback(single, std::string("the grouped decode of block-scaled operands is disabled "
-                                        "until it passes the GPU parity suite") + gate);
   std::string why;
   if (native != GroupedKernel::none)
     why = std::string("; the native kernel (") + detail::grouped_kernel_name(native) +
