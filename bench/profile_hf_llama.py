@@ -31,8 +31,7 @@ from collections import defaultdict
 
 import torch
 
-sys.path.insert(0, __import__("os").path.dirname(__file__))
-from bench_hf_llama import base_model, candidates  # noqa: E402  (the benchmark's models)
+from bench_hf_llama import base_model, candidates  # the benchmark's models (this folder)
 
 DEFAULT = ("bf16_eager,bf16_compiled,torchao_tensorwise_compiled,qrecipe_default_eager,"
            "qrecipe_default_compiled")

@@ -53,6 +53,12 @@ pytestmark = pytest.mark.skipif(
     not __import__("torch").distributed.is_available(), reason="torch without distributed")
 
 
+def rank_logs(out: pathlib.Path, world: int) -> str:
+    """The end of each rank's log (the ranks write them; nothing is buffered here)."""
+    return "\n".join(f"--- rank {r}:\n" + (out / f"rank{r}.log").read_text()[-4000:]
+                     for r in range(world))
+
+
 def launch(world: int, out: pathlib.Path, cases, checkpoint=None) -> dict:
     """Runs fsdp_cases.py in `world` processes (torchrun's environment); {case: result}.
 
@@ -88,21 +94,16 @@ def launch(world: int, out: pathlib.Path, cases, checkpoint=None) -> dict:
         for proc, _ in procs:
             proc.kill()
             proc.wait()
-        for _, log in procs:
-            log.close()
-        logs = "\n".join(f"--- rank {r}:\n" + (out / f"rank{r}.log").read_text()[-4000:]
-                         for r in range(world))
         pytest.fail(f"world size {world}: the launch ran past {TIMEOUT_S} s; logs in {out}:\n"
-                    f"{logs}")
+                    f"{rank_logs(out, world)}")
     finally:
         for _, log in procs:
             log.close()
         del store
     results = out / "results.json"
     if not results.exists():
-        logs = "\n".join((out / f"rank{r}.log").read_text()[-3000:] for r in range(world))
         pytest.fail(f"world size {world}: no results (exit codes "
-                    f"{[p.returncode for p, _ in procs]}):\n{logs}")
+                    f"{[p.returncode for p, _ in procs]}):\n{rank_logs(out, world)}")
     return json.loads(results.read_text())
 
 
