@@ -150,7 +150,10 @@ __device__ __forceinline__ Stride leading(std::int64_t ld) {
 
 constexpr int kPrepareThreads = 1024;
 
-__device__ __forceinline__ std::int64_t cdiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+// __host__ too: run() sizes the repack launch with it. A host call of a __device__-only function
+// compiles without a word in a template and runs nvcc's host stub, which calls exit(1): the
+// block-scaled kernels stopped the process that way (tests/check_device_stub_calls.py).
+__host__ __device__ __forceinline__ std::int64_t cdiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 // Group g's repacked scale counts: A one per row and 128 of K; B per (N block, 128 of K).
 template <class Cfg>
