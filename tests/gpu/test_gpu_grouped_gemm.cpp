@@ -434,7 +434,7 @@ void check_recipe(const std::string& recipe, const std::vector<std::int64_t>& sp
                 ref2 += static_cast<double>(want[idx]) * want[idx];
                 if (!(d <= tol) && !(std::isnan((*run)[idx]) && std::isnan(want[idx]))) {
                   if (bad++ < 3)
-                    MESSAGE((run == &got ? "host" : "device") << " group " << g << " (" << i << ", " << j
+                    MESSAGE(std::string(run == &got ? "host" : "device") << " group " << g << " (" << i << ", " << j
                             << "): got " << (*run)[idx] << ", cpu " << want[idx] << ", bound " << tol);
                 }
               }
@@ -444,7 +444,7 @@ void check_recipe(const std::string& recipe, const std::vector<std::int64_t>& sp
                                        : std::ldexp(1.0, -12);
               if (!(std::sqrt(diff2 / ref2) <= limit)) {
                 ++bad;
-                MESSAGE((run == &got ? "host" : "device") << " group " << g << ": relative Frobenius error "
+                MESSAGE(std::string(run == &got ? "host" : "device") << " group " << g << ": relative Frobenius error "
                         << std::sqrt(diff2 / ref2) << " > " << limit);
               }
             }

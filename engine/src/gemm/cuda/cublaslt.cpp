@@ -332,6 +332,13 @@ std::unique_ptr<Prepared> prepare(const Api& lt, const MatmulArgs& x, const std:
   const std::uint64_t workspace = kWorkspaceBytes;
   check(lt, lt.pref_set(pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace),
         "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", what);
+  // Split-K partial sums in FP32 only. The INPLACE and OUTPUT_TYPE schemes add the partials in
+  // the output type: a BF16 output then rounds every partial sum (and, when accumulating, the
+  // sum with C) and leaves the FP32-accumulation bound of the CPU reference, which the GPU
+  // grouped suite saw on small per-expert shapes (96 x 192, K 256).
+  const std::uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  check(lt, lt.pref_set(pref.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions, sizeof reductions),
+        "cublasLtMatmulPreferenceSetAttribute(REDUCTION_SCHEME_MASK)", what);
   const std::uint32_t align[4] = {alignment(x.a.data), alignment(x.b.data), alignment(x.d), alignment(x.d)};
   const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
