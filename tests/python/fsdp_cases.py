@@ -815,6 +815,9 @@ def main() -> int:
                 raise
             # (DCP's CheckpointException derives from BaseException.)
             outcome = f"rank {rank}: " + traceback.format_exc()
+            # Into the rank's log now: if another rank is stuck in a collective of the case,
+            # the gather below never returns and the launcher's timeout report shows this.
+            print(f"case {name} failed on {outcome}", file=sys.stderr, flush=True)
         everyone = [None] * world
         dist.all_gather_object(everyone, outcome)
         failures = [o for o in everyone if o != "ok"]

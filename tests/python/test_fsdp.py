@@ -75,6 +75,10 @@ def launch(world: int, out: pathlib.Path, cases, checkpoint=None) -> dict:
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
                    TORCHELASTIC_USE_AGENT_STORE="True", OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join(sys.path))
+        if BACKEND == "gloo":
+            # CPU ranks. On a GPU host, FSDP2's default mesh would be a CUDA one (device
+            # rank % GPUs), and a rank without its GPU fails while the others wait for it.
+            env["CUDA_VISIBLE_DEVICES"] = ""
         command = [sys.executable, str(HERE / "fsdp_cases.py"), "--out", str(out),
                    "--backend", BACKEND, "--cases", ",".join(cases)]
         if checkpoint is not None:
