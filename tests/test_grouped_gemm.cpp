@@ -392,22 +392,8 @@ TEST_CASE("grouped plan on Hopper: one launch per GEMM kind where a grouped kern
       b = traits_of(e, "input", T, K, C);
     }
     const std::int64_t n = c.kind == GemmKind::fprop ? N : K, k_or_m = c.kind == GemmKind::wgrad ? N : c.kind == GemmKind::fprop ? K : N;
-    // The block-scaled pairs' grouped paths are gated (grouped_pairing.cpp) until they pass the
-    // GPU parity suite: off, they fall back like any pair without a grouped kernel; on
-    // (QRECIPE_GROUPED_UNVERIFIED=1), they plan as the table says.
-    const bool gated = std::string(c.recipe) == "blockwise" || std::string(c.recipe) == "mxfp8" ||
-                       std::string(c.recipe) == "nvfp4";
     for (const bool device_split : {false, true}) {
-      if (built && gated) {
-        ::unsetenv("QRECIPE_GROUPED_UNVERIFIED");
-        const GroupedGemmPlan off = plan_gemm_grouped(c.kind, a, b, c.out, false, false, n, k_or_m, sm90, device_split);
-        CAPTURE(off.str());
-        CHECK(off.mode == (device_split ? Mode::refused : Mode::per_group));
-        CHECK(off.reason.find("is disabled until it passes the GPU parity suite") != std::string::npos);
-        ::setenv("QRECIPE_GROUPED_UNVERIFIED", "1", 1);
-      }
       const GroupedGemmPlan p = plan_gemm_grouped(c.kind, a, b, c.out, false, false, n, k_or_m, sm90, device_split);
-      ::unsetenv("QRECIPE_GROUPED_UNVERIFIED");
       CAPTURE(p.str());
       if (built) {
         CHECK(p.mode == Mode::grouped);

@@ -198,11 +198,6 @@ struct Counts {
 
 // ---------------------------------------------------------------- one recipe
 
-bool unverified_enabled() {
-  const char* v = std::getenv("QRECIPE_GROUPED_UNVERIFIED");
-  return v != nullptr && std::strcmp(v, "1") == 0;
-}
-
 OperandTraits traits_of(const GemmOperand& g) {
   return g.tensor ? OperandTraits::of(g.tensor->layout(g.direction), g.direction)
                   : OperandTraits::high_precision(DType::bf16);
@@ -318,21 +313,19 @@ void check_recipe(const std::string& recipe, const std::vector<std::int64_t>& sp
         CAPTURE(plan.str());
         if (grouped_kernels_built() && plan.mode != GroupedGemmPlan::Mode::grouped) {
           // One GEMM per group only for a reason the inputs give: a wgrad whose group rows TMA
-          // cannot read (a group of tokens that is not a multiple of 16 bytes), or a pair whose
-          // grouped kernel is gated off (grouped_pairing.cpp: not yet through this suite).
+          // cannot read (a group of tokens that is not a multiple of 16 bytes).
           const int bits = recipe == "none" ? 16 : 8;
           bool unaligned_wgrad = false;
           for (auto r : splits) unaligned_wgrad |= kind == GemmKind::wgrad && r > 0 && r * bits % 128 != 0;
-          const bool gated_recipe = recipe != "none" && recipe.rfind("float8", 0) != 0 && recipe != "default";
-          const bool gated = plan.reason.find("is disabled until it passes the GPU parity suite") != std::string::npos;
           const bool unaligned = plan.reason.find("16-byte aligned") != std::string::npos;
-          CHECK(((gated && gated_recipe && !unverified_enabled()) || (unaligned && unaligned_wgrad)));
+          CHECK((unaligned && unaligned_wgrad));
         }
         counts.grouped_launches += plan.mode == GroupedGemmPlan::Mode::grouped;
         counts.per_group += plan.mode == GroupedGemmPlan::Mode::per_group;
 
         // The device-split run, where the device-split plan serves the pair; where it does not
-        // (a gated kernel), the call must be refused, never run per group on guessed shapes.
+        // (no grouped kernel for it), the call must be refused, never run per group on
+        // guessed shapes.
         const GroupedGemmPlan split_plan =
             plan_gemm_grouped(kind, traits_of(ca[0]), traits_of(cb[0]), out, accumulate, false, cb[0].outer(),
                               kind == GemmKind::wgrad ? ca[0].outer() : ca[0].inner(), GemmTarget::sm90, true);
@@ -350,7 +343,7 @@ void check_recipe(const std::string& recipe, const std::vector<std::int64_t>& sp
           const GroupedOperand sb = kind == GemmKind::wgrad ? split_side(x_split, gx.get(), dx_dev, C)
                                                             : GroupedOperand::per_group(gb);
           if (!run_device) {
-            // Refused with the plan's reason (a gated kernel), before anything runs.
+            // Refused with the plan's reason, before anything runs.
             Tensor unused(out, {T, cols}, Device::cuda(0), alloc);
             try {
               gemm_grouped(sa, sb, kind == GemmKind::wgrad ? GroupedOutput{device_views, TensorView()}
@@ -358,7 +351,7 @@ void check_recipe(const std::string& recipe, const std::vector<std::int64_t>& sp
               FAIL("a device-split GEMM the plan refuses ran");
             } catch (const Error& err) {
               CHECK(err.code() == QR_STATUS_UNSUPPORTED);
-              CHECK(std::string(err.what()).find("disabled until it passes the GPU parity suite") != std::string::npos);
+              CHECK(std::string(err.what()).find("with the splits on the device") != std::string::npos);
             }
           } else if (kind == GemmKind::wgrad) {
             gemm_grouped(sa, sb, GroupedOutput{device_views, TensorView()}, o);
@@ -463,8 +456,7 @@ TEST_CASE("GPU grouped GEMM == per-group GEMMs and the CPU reference, every ship
     MESSAGE("not supported: no CUDA device (" << cuda_status() << ")");
     return;
   }
-  MESSAGE("grouped kernels built: " << std::string(grouped_kernels_built() ? "yes (CUTLASS)" : "no (per-group GEMMs)")
-          << "; gated kernels (QRECIPE_GROUPED_UNVERIFIED): " << std::string(unverified_enabled() ? "on" : "off"));
+  MESSAGE("grouped kernels built: " << std::string(grouped_kernels_built() ? "yes (CUTLASS)" : "no (per-group GEMMs)"));
   Counts counts;
   const std::vector<std::int64_t> uneven{96, 0, 1, 130, 48, 17};
   const std::vector<std::int64_t> runs16{96, 0, 16, 128, 48, 32};  // NVFP4's Hadamard: 16-row runs

@@ -5,7 +5,6 @@ of the same call with host splits bit for bit (the same grouped kernels on the s
 stay within the recipe's tolerance of the CPU module; the grouped GEMM of each kind is one
 engine call; formats without device-split quantization read the splits on the host and say
 why."""
-import os
 
 import pytest
 import torch
@@ -17,13 +16,7 @@ from test_recipes import TOLERANCE, rel
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-# blockwise's and mxfp8's grouped kernels are gated off until they pass the GPU parity suite
-# (engine/src/gemm/grouped_pairing.cpp; the block-scaled kernel ended the process in its first
-# GPU run): there the splits are read on the host, as for nvfp4. QRECIPE_GROUPED_UNVERIFIED=1
-# turns the gate off and these tests then hold them to the device-split contract.
-GATED = [] if os.environ.get("QRECIPE_GROUPED_UNVERIFIED") == "1" else ["blockwise", "mxfp8"]
-DEVICE_SPLIT_RECIPES = [r for r in ["default", "float8_delayed", "float8_e4m3", "blockwise", "mxfp8"]
-                        if r not in GATED]
+DEVICE_SPLIT_RECIPES = ["default", "float8_delayed", "float8_e4m3", "blockwise", "mxfp8"]
 # Uneven routing with an empty expert and a single-token one (device splits need no multiples
 # of 16), and the same with multiples of 16: host groups whose wgrad contraction is not a
 # multiple of 16 run per expert (cuBLASLt), so bit equality of device and host splits is
@@ -91,7 +84,7 @@ def test_device_splits_run_without_host_synchronization(name, splits):
         assert rel(a.cpu().float(), b.float()) <= TOLERANCE[name], (name, i)
 
 
-@pytest.mark.parametrize("name", [r for r in ["default", "mxfp8"] if r not in GATED])
+@pytest.mark.parametrize("name", ["default", "mxfp8"])
 def test_one_grouped_gemm_per_kind_and_one_split_quantization_per_tensor(name, monkeypatch):
     calls = []
     gemm, split = grouped_linear_function._gemm_grouped, grouped_linear_function._quantize_split
@@ -119,15 +112,12 @@ def test_one_grouped_gemm_per_kind_and_one_split_quantization_per_tensor(name, m
     assert len([c for c in calls if c[0] == "quantize"]) == 2
 
 
-@pytest.mark.parametrize("name", ["nvfp4"] + GATED)
+@pytest.mark.parametrize("name", ["nvfp4"])
 def test_formats_without_device_split_paths_read_the_splits_on_the_host(name):
     module = make()
     plan = module.device_splits_plan(qrecipe.Recipe.builtin(name), torch.bfloat16)
     assert not plan["served"]
-    if name == "nvfp4":
-        assert "nvfp4" in plan["why"] and "device-split" in plan["why"]
-    else:
-        assert "disabled until it passes the GPU parity suite" in plan["why"], plan["why"]
+    assert "nvfp4" in plan["why"] and "device-split" in plan["why"]
     splits = [32, 0, 16, 304, 48, 64]
     x = torch.randn(sum(splits), IN, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(sum(splits), OUT, device="cuda", dtype=torch.bfloat16) * 0.01

@@ -80,6 +80,21 @@ def assert_all_equal(got, want):
         assert a.dtype == b.dtype and torch.equal(a, b), f"entry {i} differs"
 
 
+# Recipes whose grouped kernel on CUDA accumulates in another order than the per-expert
+# cuBLASLt GEMMs (the CUTLASS FP32 block-scaled kernel).
+GROUPED_ORDER_DIFFERS = ("blockwise",)
+
+
+def assert_all_within_frobenius(got, want, limit):
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a is not None and b is not None, f"entry {i} is None"
+        assert a.dtype == b.dtype and a.shape == b.shape, f"entry {i}: {a.dtype} {a.shape} vs {b.dtype} {b.shape}"
+        ref = b.double().norm()
+        err = (a.double() - b.double()).norm()
+        assert err <= limit * ref, f"entry {i}: relative Frobenius error {float(err / ref):.3g} > {limit:.3g}"
+
+
 # ------------------------------------------------------------------ no quantization
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("single", [True, False])
@@ -539,13 +554,20 @@ def test_grouped_on_cuda_matches_cpu_and_multi_layout(name, grouped_quantization
         assert grouped_quantizations == [(3, 3)]
         assert_all_equal(a, run_grouped(multi, x, dy, SPLITS, r_multi))
     # ... and equals separate qrecipe.nn.Linear layers on CUDA (their inputs and gradients
-    # quantized one by one, the module's by one grouped call each).
+    # quantized one by one, the module's by one grouped call each): bit for bit where the
+    # grouped kernel and cuBLASLt share an accumulation order; blockwise's CUTLASS
+    # block-scaled kernel promotes in another order than cuBLASLt's, so there within the
+    # native split-accumulation bound (docs/gemm.md; test_gpu_gemm's relative Frobenius 2^-7).
     layers = [layer.cuda() for layer in separate_layers(single, qrecipe.nn.Linear,
                                                         name=single.name)]
     x = torch.randn(sum(SPLITS), IN, device="cuda", dtype=dtype)
     dy = torch.randn(sum(SPLITS), OUT, device="cuda", dtype=dtype)
-    assert_all_equal(run_grouped(single, x, dy, SPLITS, qrecipe.Recipe.builtin(name)),
-                     run_separate(layers, x, dy, SPLITS, qrecipe.Recipe.builtin(name)))
+    got = run_grouped(single, x, dy, SPLITS, qrecipe.Recipe.builtin(name))
+    want = run_separate(layers, x, dy, SPLITS, qrecipe.Recipe.builtin(name))
+    if name in GROUPED_ORDER_DIFFERS and qrecipe.grouped_kernels_built():
+        assert_all_within_frobenius(got, want, 2.0 ** -7)
+    else:
+        assert_all_equal(got, want)
 
 
 # ------------------------------------------------------------------ grouped inputs and gradients

@@ -38,9 +38,6 @@ inline constexpr int kGroupedKernels = 6;
 // Whether this build has the grouped kernels (a CUDA build with CUTLASS headers,
 // cmake/QrecipeCutlass.cmake).
 bool grouped_kernels_built();
-// Whether QRECIPE_GROUPED_UNVERIFIED=1: the grouped kernels that have not passed the GPU parity
-// suite yet (FP32 block-scaled, the decode of block-scaled operands) run instead of the per-group loop.
-bool grouped_unverified_paths_enabled();
 
 // Whether `kernel` was instantiated with output dtype `out` (F32 or BF16).
 bool grouped_kernel_writes(GroupedKernel kernel, DType out);

@@ -11,11 +11,7 @@
 //   dense    BF16 x BF16 (operands that are not K-major are copied K-major first).
 // Everything else (an FP32 operand, a bias, fixed extents that are not multiples of 16, a
 // build without CUTLASS) runs one qrecipe::gemm per group when the host knows the shapes, and
-// is refused when only the device does. So do, for now, the block-scaled native kernels and
-// the emulated path of block-scaled operands: they are gated off until they pass the GPU
-// parity suite (see the gate in plan_gemm_grouped).
-#include <cstdlib>
-#include <cstring>
+// is refused when only the device does.
 #include <sstream>
 
 #include "gemm/grouped_kernels.hpp"
@@ -31,12 +27,6 @@ bool grouped_kernels_built() {
 #else
   return false;
 #endif
-}
-
-bool grouped_unverified_paths_enabled() {
-  // Read at every plan: a test process may set it before its first GEMM.
-  const char* v = std::getenv("QRECIPE_GROUPED_UNVERIFIED");
-  return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
 bool grouped_kernel_writes(GroupedKernel kernel, DType out) {
@@ -178,21 +168,6 @@ GroupedGemmPlan plan_gemm_grouped(GemmKind kind, const OperandTraits& a, const O
        << "(the grouped kernels' 16-byte alignment)";
     return fallback(single, os.str());
   }
-  // Gated: every grouped path of block-scaled operands. The GPU parity suite
-  // (tests/gpu/test_gpu_grouped_gemm.cpp) passed for the per-tensor FP8 kernels, the BF16
-  // kernel and the decode of per-tensor-scaled operands; in the same run the FP32
-  // block-scaled kernel ended the process, before the decode of block-scaled operands was
-  // reached. Until both pass, they run only where QRECIPE_GROUPED_UNVERIFIED=1 (for running
-  // that suite on them); the per-group loop, which the GPU suites did pass, serves those
-  // pairs meanwhile.
-  const auto block_scales = [](const OperandTraits& t) {
-    return t.scale_mode == QR_SCALE_BLOCK || t.scale_mode == QR_SCALE_BLOCK_TENSOR;
-  };
-  if ((block_scales(a) || block_scales(b)) && !detail::grouped_unverified_paths_enabled())
-    return fallback(single, "the grouped path of block-scaled operands (the FP32 block-scaled "
-                            "kernel, the decode to BF16) is disabled until it passes the GPU "
-                            "parity suite; QRECIPE_GROUPED_UNVERIFIED=1 enables it for the GPU "
-                            "suites");
   const GroupedKernel native = detail::native_grouped_kernel(kind, a, b);
   if (native != GroupedKernel::none && detail::grouped_kernel_writes(native, out)) {
     p.gemm = {GemmPlan::Path::native, native == GroupedKernel::fp8_e4m3_e4m3_fast,
