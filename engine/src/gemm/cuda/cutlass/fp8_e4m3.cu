@@ -10,11 +10,16 @@ using cutlass_impl::BlockScaledGemm;
 using cutlass_impl::no_kernel;
 using cutlass_impl::PlainGemm;
 
-using Tile = cute::Shape<cute::_256, cute::_128, cute::_128>;
+// Split accumulation keeps a second FP32 accumulator per thread (the promotion target): with
+// the fast kernel's 256x128 tile that is more registers than a thread has, and the grouped
+// dgrad/wgrad ran 3x slower than fprop on an H200 (bench/profile_grouped_linear.py), so the
+// split kernels take the 128x128 tile the block-scaled kernels use.
+using FastTile = cute::Shape<cute::_256, cute::_128, cute::_128>;
+using SplitTile = cute::Shape<cute::_128, cute::_128, cute::_128>;
 using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
-using Fast = PlainGemm<cutlass::float_e4m3_t, cutlass::float_e4m3_t, cutlass::bfloat16_t, Tile, Cluster,
+using Fast = PlainGemm<cutlass::float_e4m3_t, cutlass::float_e4m3_t, cutlass::bfloat16_t, FastTile, Cluster,
                        cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum>;
-using Split = PlainGemm<cutlass::float_e4m3_t, cutlass::float_e4m3_t, cutlass::bfloat16_t, Tile, Cluster,
+using Split = PlainGemm<cutlass::float_e4m3_t, cutlass::float_e4m3_t, cutlass::bfloat16_t, SplitTile, Cluster,
                         cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>;
 
 }  // namespace

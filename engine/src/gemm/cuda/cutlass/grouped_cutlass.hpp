@@ -14,9 +14,10 @@
 // K_g = 0 are given the empty problem (the caller writes their epilogue); groups with M_g = 0
 // have no tiles.
 //
-// Tiles (not tuned on this machine, which has no GPU; CUTLASS's Hopper grouped examples 57 and
-// 68): FP8 256x128x128 and BF16 256x128x64 cooperative, block-scaled 128x128x128 cooperative, all
-// with 1x2x1 clusters.
+// Tiles (CUTLASS's Hopper grouped examples 57 and 68): FP8 fast-accumulation 256x128x128 and
+// BF16 256x128x64 cooperative; FP8 split-accumulation and block-scaled 128x128x128 cooperative
+// (a split kernel's second accumulator does not fit a 256x128 tile's registers); all with 1x2x1
+// clusters.
 #pragma once
 
 #include "internal_visibility.hpp"
