@@ -228,6 +228,145 @@ __global__ void __launch_bounds__(kLayoutThreads) decode_layout_kernel(const Dec
   }
 }
 
+// ---- eight stored elements per access (the common case: 1-byte FP8 codes, 4-bit E2M1 pairs,
+// BF16; rows and both arrays aligned for it). The same values as emulated_value: each code
+// decoded alone, times the block scale the eight share (blocks of at least 8 columns).
+constexpr int kVec = 8;
+constexpr int kVecPerThread = kTile * kTile / kVec / kDecodeThreads;  // 2 vectors
+
+__device__ __forceinline__ bool aligned(const void* p, std::uintptr_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
+
+// Whether group (in -> out) can take the vector path: whole vectors share one block scale and
+// every vector access is aligned (the stored rows, the decoded rows, both bases).
+__device__ __forceinline__ bool vector_path(const OperandInfo& info, const GroupOperand& in,
+                                            const GroupOperand& out) {
+  if (out.data == nullptr || out.ld % kVec != 0 || !aligned(out.data, 16) || in.ld % kVec != 0) return false;
+  if (info.scale != BlockScale::none && info.block_cols_log2 < 3) return false;
+  switch (info.code) {
+    case Code::e4m3:
+    case Code::e5m2: return aligned(in.data, 8);
+    case Code::e2m1: return aligned(in.data, 4);
+    case Code::bf16: return aligned(in.data, 16);
+  }
+  return false;
+}
+
+// The eight codes of stored row p from column q (q a multiple of 8, all eight inside), as FP32.
+__device__ __forceinline__ void codes8(const OperandInfo& info, const GroupOperand& op, std::int64_t p,
+                                       std::int64_t q, float (&v)[kVec]) {
+  const auto* bytes = static_cast<const std::uint8_t*>(op.data);
+  switch (info.code) {
+    case Code::e4m3:
+    case Code::e5m2: {
+      const uint2 w = *reinterpret_cast<const uint2*>(bytes + p * op.ld + q);
+      const std::uint32_t words[2] = {w.x, w.y};
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const std::uint16_t code = (words[j / 4] >> (8 * (j % 4))) & 0xFFu;
+        v[j] = info.code == Code::e4m3 ? gemm_kernels::fp8x2_to_f32x2<Code::e4m3>(code).x
+                                       : gemm_kernels::fp8x2_to_f32x2<Code::e5m2>(code).x;
+      }
+      return;
+    }
+    case Code::e2m1: {
+      const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(bytes + p * (op.ld / 2) + q / 2);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) v[j] = gemm_kernels::e2m1_to_f32((w >> (4 * j)) & 0xFu);
+      return;
+    }
+    case Code::bf16: {
+      const uint4 w = *reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(op.data) + p * op.ld + q);
+      const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int j = 0; j < kVec; ++j)
+        v[j] = num::bf16_to_f32(static_cast<std::uint16_t>((words[j / 2] >> (16 * (j % 2))) & 0xFFFFu));
+      return;
+    }
+  }
+}
+
+__device__ __forceinline__ bool inexact_in_bf16(float v) {
+  const std::uint32_t u = __float_as_uint(v);
+  return (u & 0xFFFFu) != 0 && (u & 0x7F800000u) != 0x7F800000u;  // NaN, inf are exact
+}
+
+// Eight decoded values as eight BF16 in one 16-byte store.
+__device__ __forceinline__ void store8(std::uint16_t* dst, const float (&v)[kVec]) {
+  std::uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    w[j] = gemm_kernels::bf16_bits(v[2 * j]) | (gemm_kernels::bf16_bits(v[2 * j + 1]) << 16);
+  *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The tile (p0, q0) of decode_kernel by vectors; returns whether a value missed BF16.
+__device__ __forceinline__ bool decode_tile_vectors(const OperandInfo& info, const GroupOperand& in,
+                                                    const GroupOperand& out, std::int64_t p0, std::int64_t q0,
+                                                    float (&tile)[kTile][kTile + 1]) {
+  auto* dst = static_cast<std::uint16_t*>(out.data == nullptr ? nullptr : const_cast<void*>(out.data));
+  bool miss = false;
+#pragma unroll
+  for (int i = 0; i < kVecPerThread; ++i) {
+    const int idx = static_cast<int>(threadIdx.x) + kDecodeThreads * i;
+    const int r = idx / (kTile / kVec), c = idx % (kTile / kVec) * kVec;  // consecutive threads: consecutive vectors
+    const std::int64_t p = p0 + r, q = q0 + c;
+    float v[kVec];
+    if (p < in.rows && q + kVec <= in.cols) {
+      codes8(info, in, p, q, v);
+      if (info.scale != BlockScale::none) {
+        const float s = block_scale(info, in, p, q);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) v[j] = v[j] * s;
+      }
+    } else {  // the tile's ragged edge: element by element
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) v[j] = p < in.rows && q + j < in.cols ? emulated_value(info, in, p, q + j) : 0.0f;
+    }
+    if (info.check && p < in.rows) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) miss |= q + j < in.cols && inexact_in_bf16(v[j]);
+    }
+    if (info.k_major) {
+      if (p < in.rows) {
+        if (q + kVec <= in.cols) {
+          store8(dst + p * out.ld + q, v);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j)
+            if (q + j < in.cols) dst[p * out.ld + q + j] = static_cast<std::uint16_t>(gemm_kernels::bf16_bits(v[j]));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) tile[r][c + j] = v[j];
+    }
+  }
+  if (!info.k_major) {
+    __syncthreads();
+    // Decoded row = stored column q, decoded column = stored row p: eight stored rows per store.
+#pragma unroll
+    for (int i = 0; i < kVecPerThread; ++i) {
+      const int idx = static_cast<int>(threadIdx.x) + kDecodeThreads * i;
+      const int c = idx / (kTile / kVec), r = idx % (kTile / kVec) * kVec;
+      const std::int64_t p = p0 + r, q = q0 + c;
+      if (q >= in.cols) continue;
+      float v[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) v[j] = tile[r + j][c];
+      if (p + kVec <= in.rows) {
+        store8(dst + q * out.ld + p, v);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j)
+          if (p + j < in.rows) dst[q * out.ld + p + j] = static_cast<std::uint16_t>(gemm_kernels::bf16_bits(v[j]));
+      }
+    }
+  }
+  return miss;
+}
+
 // One 64 x 64 tile of one group's stored array per block, decoded and written K-major: as it
 // is when the array is K-major, transposed through shared memory otherwise.
 __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodeArgs args) {
@@ -241,6 +380,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodeArgs
   const std::int64_t local = b - prefix_tiles[g];
   const std::int64_t tiles_c = ceil_div(in.cols, kTile);
   const std::int64_t p0 = local / tiles_c * kTile, q0 = local % tiles_c * kTile;
+  if (vector_path(args.info, in, out)) {
+    if (decode_tile_vectors(args.info, in, out, p0, q0, tile)) *args.flag.word = args.flag.epoch;
+    return;
+  }
   auto* dst = static_cast<std::uint16_t*>(const_cast<void*>(out.data));
   bool miss = dst == nullptr;
   const bool k_major = args.info.k_major;
@@ -252,10 +395,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodeArgs
     float v = 0.0f;
     if (p < in.rows && q < in.cols) {
       v = emulated_value(args.info, in, p, q);
-      if (args.info.check) {
-        const std::uint32_t u = __float_as_uint(v);
-        miss |= (u & 0xFFFFu) != 0 && (u & 0x7F800000u) != 0x7F800000u;  // NaN, inf are exact
-      }
+      if (args.info.check) miss |= inexact_in_bf16(v);
       if (k_major && dst) dst[p * out.ld + q] = static_cast<std::uint16_t>(gemm_kernels::bf16_bits(v));
     }
     if (!k_major) tile[r][c] = v;
