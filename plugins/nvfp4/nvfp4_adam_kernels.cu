@@ -46,6 +46,9 @@ constexpr int kBlock = rules::kBlockSize;  // 16
 constexpr int kTile = 64;
 constexpr int kPitch = kTile + 1;          // +1 float per staged row against bank conflicts
 constexpr int kThreads = 256;
+// quantize_kernel: 32 registers (8 blocks, full occupancy) with a thread's 4 runs of loads in
+// flight (adam_cuda.cuh load_tile), no spills (ptxas -v).
+constexpr int kQuantizeMinBlocks = 8;
 static_assert(kTile * (kTile / kBlock) == kThreads, "one thread per 1x16 block of a tile");
 static_assert((kTile / kBlock) * (kTile / kBlock) * kBlock == kThreads,
               "one thread per row (and column) of each 16x16 tile");
@@ -178,16 +181,15 @@ __device__ __forceinline__ void quantize_2d(const Entry& e, const float* tile, s
 
 // ---------------------------------------------------------------- 3. the quantize kernel
 
-__global__ void __launch_bounds__(kThreads) quantize_kernel(const __grid_constant__ Table table) {
+__global__ void __launch_bounds__(kThreads, kQuantizeMinBlocks) quantize_kernel(const __grid_constant__ Table table) {
   __shared__ float tile[kTile * kPitch];
-  const Entry& e = table.group[sdk::cuda::find_group(table, blockIdx.x)];
-  const std::int64_t local = static_cast<std::int64_t>(blockIdx.x) - e.first_block;
-  const std::int64_t row0 = (local / e.tiles_per_row) * kTile;
-  const std::int64_t col0 = (local % e.tiles_per_row) * kTile;
+  const auto tb = acuda::tile_block<kTile, kTile>(table);
+  const Entry& e = tb.e;
+  const std::int64_t row0 = tb.row0, col0 = tb.col0;
   const float amax = *e.amax_main;
   const float s_enc = rules::encode_scale(amax);
   const float s_dec = 1.0f / s_enc;
-  if (local == 0 && threadIdx.x == 0 && e.amax_other != nullptr) *e.amax_other = amax;
+  if (tb.local == 0 && threadIdx.x == 0 && e.amax_other != nullptr) *e.amax_other = amax;
   acuda::load_tile<kTile, kTile, kThreads, kPitch>(static_cast<const float*>(e.ops.param),
                                                    e.ops.rows, e.ops.cols, e.ops.vec4, row0,
                                                    col0, tile);
