@@ -15,8 +15,9 @@
 // One thread per 16-element block: its amax and NaN mark, its E4M3 scale code, its 16 E2M1
 // codes as 8 bytes of one data row.
 //
-// Exactness: tensor amax = max |x| over the new master (NaN ignored); S_enc, block scale code,
-// encode factor: rules:: (nvfp4_rules.hpp, the reference's code); element codes: round to
+// Exactness: tensor amax = max |x| over the new master (NaN ignored); S_enc, encode factor:
+// rules:: (nvfp4_rules.hpp, the reference's code); block scale code: rules:: product through
+// the hardware E4M3 conversion (nvfp4_device.cuh block_scale_code); element codes: round to
 // nearest through num::fast::f32_to_e2m1 (proven equal to conversions.hpp); a block holding a
 // NaN stores scale 0x7F, its codes computed as if the NaN were absent (the NaN itself 0x7).
 // Built with -fmad=false --ftz=false like every plugin kernel.
@@ -26,6 +27,7 @@
 
 #include <cstdint>
 
+#include "nvfp4_device.cuh"  // kFormat, kBlock, block_scale_code (hardware E4M3)
 #include "nvfp4_rules.hpp"
 #include "qrecipe/adam_cuda.cuh"
 #include "qrecipe/conversions.hpp"
@@ -36,13 +38,11 @@
 namespace qrecipe::nvfp4::cuda {
 namespace {
 
-constexpr const char* kFormat = "nvfp4";  // for QR_CUDA_CHECK (cuda_sdk.cuh)
 namespace acuda = qrecipe::adam::cuda;
 
 // ---------------------------------------------------------------- 1. the tensor table
 
 constexpr int kMaxTensorsPerLaunch = 64;
-constexpr int kBlock = rules::kBlockSize;  // 16
 constexpr int kTile = 64;
 constexpr int kPitch = kTile + 1;          // +1 float per staged row against bank conflicts
 constexpr int kThreads = 256;
@@ -109,7 +109,7 @@ __device__ __forceinline__ void quantize_block(const float* x, int stride, int n
                                                std::uint8_t* scale) {
   bool has_nan = false;
   const float amax = block_amax(x, stride, n, has_nan);
-  const std::uint8_t code = rules::block_scale_code(amax, s_enc);
+  const std::uint8_t code = block_scale_code(amax, s_enc);  // == rules::
   store_codes(data, x, stride, n, rules::element_encode_factor(code, s_dec));
   *scale = has_nan ? rules::kNanScaleCode : code;
 }
@@ -164,7 +164,7 @@ __device__ __forceinline__ void quantize_2d(const Entry& e, const float* tile, s
 #pragma unroll
   for (int offset = kBlock / 2; offset > 0; offset /= 2)  // max over the tile's 16 lanes
     amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
-  const std::uint8_t code = rules::block_scale_code(amax, s_enc);
+  const std::uint8_t code = block_scale_code(amax, s_enc);  // == rules::
   const float enc = rules::element_encode_factor(code, s_dec);
   if (e.rowwise_data != nullptr && i < n_rows && n_cols > 0) {
     const std::int64_t row = r0 + i;
