@@ -181,7 +181,8 @@ __device__ __forceinline__ void quantize_2d(const Entry& e, const float* tile, s
 
 // ---------------------------------------------------------------- 3. the quantize kernel
 
-__global__ void __launch_bounds__(kThreads, kQuantizeMinBlocks) quantize_kernel(const __grid_constant__ Table table) {
+__global__ void __launch_bounds__(kThreads, kQuantizeMinBlocks)
+    quantize_kernel(const __grid_constant__ Table table) {
   __shared__ float tile[kTile * kPitch];
   const auto tb = acuda::tile_block<kTile, kTile>(table);
   const Entry& e = tb.e;

@@ -1,14 +1,18 @@
 // Header-only CUDA helpers of the multi-tensor Adam step (qrecipe/adam.hpp on the device): the
 // per-tensor operands and hyperparameters a kernel reads, the step constants computed once
-// per block, 4-element loads and stores of F32/BF16/F16 buffers, and the update of one tile
-// of a tensor whose new values a fused kernel then requantizes from shared memory. Used by the
-// engine's plain-parameter kernel and by every plugin's fused Adam + requantize kernels
-// (plugin_abi.h, QR_EXTRA_ADAM_REQUANTIZE), so all of them update alike. Include it only from
-// CUDA translation units.
+// per block, 4-element loads and stores of F32/BF16/F16 buffers, the update of several runs of
+// 4 elements with every load issued before the first use (update_runs: the bandwidth of the
+// update kernels), the update of one tile of a tensor whose new values a fused kernel then
+// requantizes from shared memory, the tile prologue and run visitor of those kernels, and the
+// 4 x 4 register blocks of formats with one scale per tensor. Used by the engine's
+// plain-parameter kernel and by every plugin's fused Adam + requantize kernels (plugin_abi.h,
+// QR_EXTRA_ADAM_REQUANTIZE), so all of them update alike. Include it only from CUDA
+// translation units.
 //
 // Exactness: the element update is adam::update (adam.hpp), the constants adam::scalars, the
-// widening and rounding of BF16/F16 go through qrecipe::num: the CPU path (adam_host.hpp) does
-// the same operations. The build compiles device code with -fmad=false.
+// widening of BF16/F16 is exact (num::fast, equal to qrecipe::num off NaN payloads) and their
+// rounding goes through qrecipe::num: the CPU path (adam_host.hpp) does the same operations.
+// The build compiles device code with -fmad=false.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -456,7 +460,8 @@ __device__ __forceinline__ void store_quad(std::uint8_t* rowwise, std::uint8_t* 
   if (rowwise != nullptr) {
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      if (i < in_col && in_row > 0) store_word4(rowwise + (row0 + i) * cols + col0, in_row, words[i]);
+      if (i < in_col && in_row > 0)
+        store_word4(rowwise + (row0 + i) * cols + col0, in_row, words[i]);
   }
   if (columnwise != nullptr) {
     transpose_bytes4x4(words);
@@ -573,10 +578,11 @@ __global__ void __launch_bounds__(kAmaxThreads, kAmaxMinBlocks)
   const Scalars s = block_scalars(e.hyper);
   const std::int64_t base = (static_cast<std::int64_t>(blockIdx.x) - e.first_block) * kAmaxChunk;
   float running = 0.0f;
-  update_flat<kAmaxThreads, kAmaxRunsPerThread, kAmaxBatch>(e.ops, s, base, [&](const float (&p)[4]) {
+  update_flat<kAmaxThreads, kAmaxRunsPerThread, kAmaxBatch>(
+      e.ops, s, base, [&](const float (&p)[4]) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) running = sdk::cuda::amax_of(running, p[k]);  // +0 past the end
-  });
+        for (int k = 0; k < 4; ++k) running = sdk::cuda::amax_of(running, p[k]);  // +0 past end
+      });
   const float block = sdk::cuda::block_max<kAmaxThreads>(running);
   if (threadIdx.x == 0 && block > 0.0f) sdk::cuda::atomic_max_nonnegative(e.amax_main, block);
 }

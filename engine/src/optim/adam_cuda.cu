@@ -34,7 +34,8 @@ struct Entry {
 };
 using Table = sdk::cuda::GroupTable<Entry, kMaxTensorsPerLaunch>;
 
-__global__ void __launch_bounds__(kThreads, kMinBlocks) update_kernel(const __grid_constant__ Table table) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    update_kernel(const __grid_constant__ Table table) {
   const int t = sdk::cuda::find_group(table, blockIdx.x);
   const Entry& e = table.group[t];
   const adam::Scalars s = acuda::block_scalars(e.hyper);
