@@ -1,6 +1,6 @@
 // The engine's multi-tensor Adam update (see adam_cuda.hpp): plain parameters and the update
 // half of the two-pass path, every tensor of a step in one launch per table of
-// kMaxTensorsPerLaunch tensors. The element update is adam_cuda.cuh's update4 (adam.hpp), the
+// kMaxTensorsPerLaunch tensors. The element update is adam_cuda.cuh's update_runs (adam.hpp), the
 // code every plugin's fused kernel runs too.
 //
 // Map: the tensor table (kernel parameter), the kernel (one block per chunk of kChunk
