@@ -241,41 +241,45 @@ TEST_CASE("GPU adam_step == CPU adam_step, every format, path and dtype") {
   CHECK(failures == 0);
 }
 
-TEST_CASE("GPU adam_step: buffers not 16-byte aligned, runs cut by the tensor's end") {
+TEST_CASE("GPU adam_step: buffers aligned or not, runs cut by the tensor's end") {
   if (!cuda_available()) {
     MESSAGE("not supported: no CUDA device (" << cuda_status() << ")");
     return;
   }
   // The kernels load and store a run of 4 elements as one vector only when all 4 exist and
   // every buffer is aligned for it, else element by element (adam_cuda.cuh). Data one element
-  // into its allocation takes the element path for every run; the shapes end runs, 64- and
-  // 128-wide tiles and the 4096-element chunks of the flat kernels at other remainders, and
-  // 64x128 / 130x260 hold whole interior tiles.
-  const test::Shape shapes[] = {{64, 128}, {33, 70}, {1, 4099}, {130, 260}};
+  // into its allocation (shift 1) takes the element path for every run; shift 0 the vector
+  // path wherever cols % 4 == 0. The shapes end runs, 4x4 register blocks (1, 2 and 3 rows or
+  // columns left), 64- and 128-wide tiles and the 4096-element chunks of the flat kernels at
+  // other remainders, and 64x128 / 130x260 hold whole interior tiles.
+  const test::Shape shapes[] = {{64, 128}, {33, 70}, {1, 4099}, {130, 260}, {67, 132}, {67, 71}};
   int cases = 0, failures = 0;
   for (const test::OptimSpec& spec : test::kOptimSpecs) {
     for (const bool fused : {true, false}) {
       for (const test::Shape shape : shapes) {
         for (const DType grad_dtype : {DType::bf16, DType::f32}) {
-          const std::string what = std::string(spec.label) + (fused ? " fused " : " two-pass ") +
-                                   std::to_string(shape.rows) + "x" + std::to_string(shape.cols) +
-                                   " grad " + std::string(dtype_name(grad_dtype)) + " shifted";
-          CAPTURE(what);
-          Engine cpu_engine(Recipe::parse(test::optim_yaml(spec.yaml), "optim.yaml"));
-          Engine gpu_engine(Recipe::parse(test::optim_yaml(spec.yaml), "optim.yaml"));
-          const Host h = host_values(shape, DType::f32, 23);
-          Param cpu = make_param(h, cpu_engine, false, grad_dtype);
-          Param gpu = make_param(h, gpu_engine, true, grad_dtype, /*shift=*/1);
-          for (std::int64_t step = 1; step <= 2; ++step) {
-            set_grad(cpu, step, false);
-            set_grad(gpu, step, true);
-            AdamTensor tc = step_tensor(cpu, step, "'w'"), tg = step_tensor(gpu, step, "'w'");
-            adam_step(std::span<AdamTensor>(&tc, 1), {nullptr, fused, false});
-            adam_step(std::span<AdamTensor>(&tg, 1), {nullptr, fused, false});
-            synchronize(Device::cuda(0));
-            failures += compare(cpu, gpu, what + " step " + std::to_string(step));
+          for (const std::int64_t shift : {0, 1}) {
+            const std::string what = std::string(spec.label) + (fused ? " fused " : " two-pass ") +
+                                     std::to_string(shape.rows) + "x" + std::to_string(shape.cols) +
+                                     " grad " + std::string(dtype_name(grad_dtype)) + " shift " +
+                                     std::to_string(shift);
+            CAPTURE(what);
+            Engine cpu_engine(Recipe::parse(test::optim_yaml(spec.yaml), "optim.yaml"));
+            Engine gpu_engine(Recipe::parse(test::optim_yaml(spec.yaml), "optim.yaml"));
+            const Host h = host_values(shape, DType::f32, 23);
+            Param cpu = make_param(h, cpu_engine, false, grad_dtype);
+            Param gpu = make_param(h, gpu_engine, true, grad_dtype, shift);
+            for (std::int64_t step = 1; step <= 2; ++step) {
+              set_grad(cpu, step, false);
+              set_grad(gpu, step, true);
+              AdamTensor tc = step_tensor(cpu, step, "'w'"), tg = step_tensor(gpu, step, "'w'");
+              adam_step(std::span<AdamTensor>(&tc, 1), {nullptr, fused, false});
+              adam_step(std::span<AdamTensor>(&tg, 1), {nullptr, fused, false});
+              synchronize(Device::cuda(0));
+              failures += compare(cpu, gpu, what + " step " + std::to_string(step));
+            }
+            ++cases;
           }
-          ++cases;
         }
       }
     }
@@ -303,7 +307,7 @@ TEST_CASE("GPU adam_step: buffers not 16-byte aligned, runs cut by the tensor's 
     }
     ++cases;
   }
-  MESSAGE(cases << " shifted cases, " << failures << " mismatching buffers");
+  MESSAGE(cases << " cases, " << failures << " mismatching buffers");
   CHECK(failures == 0);
 }
 
