@@ -47,6 +47,11 @@ constexpr int kTile = 128;         // a 1x128 block's length, a 128x128 block's 
 constexpr int kPitch = kTile + 1;  // +1 float per staged row against bank conflicts
 constexpr int kThreads = 512;
 constexpr std::size_t kTileBytes = sizeof(float) * kTile * kPitch;  // 66048: dynamic smem
+// One run of loads in flight per thread (update_tile's kBatch = 1: all four buffers' loads
+// before the first use) keeps 39 registers, so 3 blocks of 512 threads (75% occupancy) fit; two
+// runs would need 63 (2 blocks) and spill at 42 (ptxas -v).
+constexpr int kBatch = 1;
+constexpr int kMinBlocks = 3;
 static_assert(2 * kTile <= kThreads, "one thread per row block and one per column block");
 
 struct Entry {
@@ -72,18 +77,17 @@ __device__ __forceinline__ float scale_of(const Entry& e, float amax) {
   return num_bw::block_scale(amax, e.pow2_scales != 0, e.amax_epsilon, FLT_MAX);
 }
 
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     update_quantize_kernel(const __grid_constant__ Table table) {
   extern __shared__ float tile[];  // [kTile][kPitch]
   __shared__ float row_scale[kTile];  // 1x128: scale of tile row r; 128x128: all equal
   __shared__ float col_scale[kTile];  // 1x128: scale of tile column c
-  const Entry& e = table.group[sdk::cuda::find_group(table, blockIdx.x)];
-  const std::int64_t local = static_cast<std::int64_t>(blockIdx.x) - e.first_block;
-  const std::int64_t row0 = (local / e.tiles_per_row) * kTile;
-  const std::int64_t col0 = (local % e.tiles_per_row) * kTile;
+  const auto tb = acuda::tile_block<kTile, kTile>(table);
+  const Entry& e = tb.e;
+  const std::int64_t row0 = tb.row0, col0 = tb.col0;
   const std::int64_t rows = e.ops.rows, cols = e.ops.cols;
   const adam::Scalars s = acuda::block_scalars(e.hyper);
-  acuda::update_tile<kTile, kTile, kThreads, kPitch>(e.ops, s, row0, col0, tile);
+  acuda::update_tile<kTile, kTile, kThreads, kPitch, kBatch>(e.ops, s, row0, col0, tile);
 
   const int t = static_cast<int>(threadIdx.x);
   if (e.tile_128x128) {
@@ -121,32 +125,26 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  constexpr int kRuns = kTile * kTile / 4;
   if (e.rowwise_data != nullptr) {  // runs of 4 columns of a row
-    for (int run = t; run < kRuns; run += kThreads) {
-      const int r = run / (kTile / 4), c = (run % (kTile / 4)) * 4;
-      const std::int64_t row = row0 + r, col = col0 + c;
-      const int valid = row < rows ? sdk::cuda::valid_in_run(col, cols, 4) : 0;
-      if (valid <= 0) continue;
-      const float* x = tile + r * kPitch + c;
-      const float scale = row_scale[r];
-      acuda::store_word4(e.rowwise_data + row * cols + col, valid,
-                 num::fast::f32x4_to_e4m3x4(x[0] * scale, x[1] * scale, x[2] * scale,
-                                            x[3] * scale));
-    }
+    acuda::for_each_run<false, kTile, kTile, kThreads>(
+        row0, col0, rows, cols, [&](int r, int c, std::int64_t row, std::int64_t col, int valid) {
+          const float* x = tile + r * kPitch + c;
+          const float scale = row_scale[r];
+          acuda::store_word4(e.rowwise_data + row * cols + col, valid,
+                             num::fast::f32x4_to_e4m3x4(x[0] * scale, x[1] * scale,
+                                                        x[2] * scale, x[3] * scale));
+        });
   }
   if (e.columnwise_data != nullptr) {  // runs of 4 rows of a column, stored at [col][row]
-    for (int run = t; run < kRuns; run += kThreads) {
-      const int c = run / (kTile / 4), r = (run % (kTile / 4)) * 4;
-      const std::int64_t row = row0 + r, col = col0 + c;
-      const int valid = col < cols ? sdk::cuda::valid_in_run(row, rows, 4) : 0;
-      if (valid <= 0) continue;
-      const float* x = tile + r * kPitch + c;
-      const float scale = col_scale[c];
-      acuda::store_word4(e.columnwise_data + col * rows + row, valid,
-                 num::fast::f32x4_to_e4m3x4(x[0] * scale, x[kPitch] * scale,
-                                            x[2 * kPitch] * scale, x[3 * kPitch] * scale));
-    }
+    acuda::for_each_run<true, kTile, kTile, kThreads>(
+        row0, col0, rows, cols, [&](int r, int c, std::int64_t row, std::int64_t col, int valid) {
+          const float* x = tile + r * kPitch + c;
+          const float scale = col_scale[c];
+          acuda::store_word4(e.columnwise_data + col * rows + row, valid,
+                             num::fast::f32x4_to_e4m3x4(x[0] * scale, x[kPitch] * scale,
+                                                        x[2 * kPitch] * scale,
+                                                        x[3 * kPitch] * scale));
+        });
   }
 }
 

@@ -4,17 +4,17 @@
 //
 // Map of this file:
 //   1. the tensor table (kernel parameter): operands, hyper, outputs and scaling per tensor
-//   2. device helpers: encode four codes, store a tile's rowwise and columnwise codes
+//   2. device helpers: encode four codes, store a 4 x 4 block's rowwise and columnwise codes
 //   3. kernels: cast from the new master (current scaling, after adam_cuda.cuh's update +
 //      amax pass); update + cast (delayed scaling)
 //   4. the entry: checks, tables, launches
 //
 // Every tensor of a launch is found by a binary search of its block over the table's prefix
-// sums of blocks (sdk::cuda::find_group), so one launch serves any mix of shapes. Tiles are
-// 64 x 64 elements of one tensor, staged as FP32 in shared memory: the rowwise codes are
-// written along rows, the columnwise codes ([cols, rows], the transpose) along columns, both
-// encoded from the same staged values, so the columnwise bytes are the transpose of the
-// rowwise bytes by construction.
+// sums of blocks (sdk::cuda::find_group), so one launch serves any mix of shapes. A block
+// takes a 64 x 64 tile of one tensor, each thread a 4 x 4 block of it in registers (the scale
+// is the tensor's, so no value is staged or exchanged): the thread encodes each of its 4 rows
+// once, stores the words rowwise, and stores their byte transpose columnwise ([cols, rows]),
+// so the columnwise bytes are the transpose of the rowwise bytes by construction.
 //
 // Exactness: amax = max |x| over the new master (NaN ignored, an exact max in any order);
 // current: scale = scale_from_amax(amax, fmax, pow2, eps) (scaling.hpp); delayed: the state's
@@ -68,56 +68,31 @@ struct Entry {
 };
 using Table = sdk::cuda::GroupTable<Entry, kMaxTensorsPerLaunch>;
 
-constexpr int kThreads = 256;
-// Cast passes: one block per kTile x kTile tile; +1 float per staged row against bank conflicts.
-constexpr int kTile = 64;
-constexpr int kPitch = kTile + 1;
-constexpr int kRunsPerTile = kTile * kTile / 4;
+// One block per 64 x 64 tile, each thread a 4 x 4 block of it in registers (adam_cuda.cuh,
+// "4 x 4 blocks in registers"): one scale serves the whole tensor, so nothing is staged.
+constexpr int kTile = acuda::kQuadTile;
+constexpr int kThreads = acuda::kQuadThreads;
+// update_cast_kernel: 16 values live across the block amax; at most 64 registers (4 blocks,
+// 50% occupancy) without spills (ptxas -v; 48 spill).
+constexpr int kUpdateMinBlocks = 4;
 
 // ---------------------------------------------------------------- 2. device helpers
 
-__device__ __forceinline__ std::uint32_t encode4(bool e4m3, float a, float b, float c, float d) {
+__device__ __forceinline__ std::uint32_t encode4(bool e4m3, const float (&x)[4], float scale) {
+  const float a = x[0] * scale, b = x[1] * scale, c = x[2] * scale, d = x[3] * scale;
   return e4m3 ? num::fast::f32x4_to_e4m3x4(a, b, c, d) : num::fast::f32x4_to_e5m2x4(a, b, c, d);
 }
 
-// The codes of the staged tile [row0, +kTile) x [col0, +kTile) (new master values, +0 outside
-// the tensor) with `scale`: rowwise runs of 4 columns of a row, columnwise runs of 4 rows of a
-// column (stored at columnwise[col][row]).
-__device__ __forceinline__ void store_tile_codes(const Entry& e, const float* tile,
-                                                 std::int64_t row0, std::int64_t col0,
-                                                 float scale) {
-  const std::int64_t rows = e.ops.rows, cols = e.ops.cols;
+// The codes of a thread's 4 x 4 block at (row, col) of the tensor (new master values x, +0
+// outside the tensor) with `scale`: row i's codes rowwise, their transpose columnwise
+// (columnwise[col][row]).
+__device__ __forceinline__ void store_codes(const Entry& e, std::int64_t row, std::int64_t col,
+                                            const float (&x)[4][4], float scale) {
   const bool e4m3 = e.e4m3 != 0;
-  if (e.rowwise != nullptr) {
-    for (int run = static_cast<int>(threadIdx.x); run < kRunsPerTile; run += kThreads) {
-      const int r = run / (kTile / 4), c = (run % (kTile / 4)) * 4;
-      const std::int64_t row = row0 + r, col = col0 + c;
-      const int valid = row < rows ? sdk::cuda::valid_in_run(col, cols, 4) : 0;
-      if (valid <= 0) continue;
-      const float* x = tile + r * kPitch + c;
-      acuda::store_word4(e.rowwise + row * cols + col, valid,
-                 encode4(e4m3, x[0] * scale, x[1] * scale, x[2] * scale, x[3] * scale));
-    }
-  }
-  if (e.columnwise != nullptr) {
-    for (int run = static_cast<int>(threadIdx.x); run < kRunsPerTile; run += kThreads) {
-      const int c = run / (kTile / 4), r = (run % (kTile / 4)) * 4;
-      const std::int64_t row = row0 + r, col = col0 + c;
-      const int valid = col < cols ? sdk::cuda::valid_in_run(row, rows, 4) : 0;
-      if (valid <= 0) continue;
-      const float* x = tile + r * kPitch + c;
-      acuda::store_word4(e.columnwise + col * rows + row, valid,
-                 encode4(e4m3, x[0] * scale, x[kPitch] * scale, x[2 * kPitch] * scale,
-                         x[3 * kPitch] * scale));
-    }
-  }
-}
-
-// The tile of block `local` of entry e.
-__device__ __forceinline__ void tile_origin(const Entry& e, std::int64_t local,
-                                            std::int64_t& row0, std::int64_t& col0) {
-  row0 = (local / e.tiles_per_row) * kTile;
-  col0 = (local % e.tiles_per_row) * kTile;
+  std::uint32_t words[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) words[i] = encode4(e4m3, x[i], scale);
+  acuda::store_quad(e.rowwise, e.columnwise, row, col, e.ops.rows, e.ops.cols, words);
 }
 
 // Block 0 of a tensor writes 1 / scale into every direction it holds.
@@ -131,45 +106,66 @@ __device__ __forceinline__ void write_scale_inv(const Entry& e, float scale) {
 
 // Current scaling, pass 2: one tile of a new master, cast with the scale of the tensor amax.
 __global__ void __launch_bounds__(kThreads) cast_kernel(const __grid_constant__ Table table) {
-  __shared__ float tile[kTile * kPitch];
-  const Entry& e = table.group[sdk::cuda::find_group(table, blockIdx.x)];
-  const std::int64_t local = static_cast<std::int64_t>(blockIdx.x) - e.first_block;
+  const auto tb = acuda::tile_block<kTile, kTile>(table);
+  const Entry& e = tb.e;
   const float amax = *e.amax_main;
   const float scale = scale_from_amax(amax, e.fmax, e.pow2_scales != 0, e.amax_epsilon);
-  if (local == 0 && threadIdx.x == 0) {
+  if (tb.local == 0 && threadIdx.x == 0) {
     write_scale_inv(e, scale);
     if (e.amax_other != nullptr) *e.amax_other = amax;  // both directions store it
   }
-  std::int64_t row0, col0;
-  tile_origin(e, local, row0, col0);
-  acuda::load_tile<kTile, kTile, kThreads, kPitch>(static_cast<const float*>(e.ops.param),
-                                                   e.ops.rows, e.ops.cols, e.ops.vec4, row0,
-                                                   col0, tile);
-  store_tile_codes(e, tile, row0, col0, scale);
+  const acuda::Quad q = acuda::quad_of_thread();
+  const std::int64_t row = tb.row0 + q.r, col = tb.col0 + q.c;
+  std::int64_t offset[4];
+  int valid[4];
+  acuda::quad_runs(row, col, e.ops.rows, e.ops.cols, offset, valid);
+  float x[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)  // +0 where valid[i] is 0
+    acuda::load4(e.ops.param, QR_DTYPE_F32, offset[i], valid[i], e.ops.vec4 && valid[i] == 4,
+                 x[i]);
+  store_codes(e, row, col, x, scale);
 }
 
 // Delayed scaling, one pass: the update of one tile, cast with the state's scale; the tile's
 // amax joins the tensor's amax buffers and the state's history row 0.
-__global__ void __launch_bounds__(kThreads) update_cast_kernel(const __grid_constant__ Table table) {
-  __shared__ float tile[kTile * kPitch];
-  const Entry& e = table.group[sdk::cuda::find_group(table, blockIdx.x)];
-  const std::int64_t local = static_cast<std::int64_t>(blockIdx.x) - e.first_block;
+__global__ void __launch_bounds__(kThreads, kUpdateMinBlocks)
+    update_cast_kernel(const __grid_constant__ Table table) {
+  const auto tb = acuda::tile_block<kTile, kTile>(table);
+  const Entry& e = tb.e;
   const adam::Scalars s = acuda::block_scalars(e.hyper);
   const float scale = *e.delayed_scale;
-  if (local == 0 && threadIdx.x == 0) write_scale_inv(e, scale);
-  std::int64_t row0, col0;
-  tile_origin(e, local, row0, col0);
-  acuda::update_tile<kTile, kTile, kThreads, kPitch>(e.ops, s, row0, col0, tile);
+  if (tb.local == 0 && threadIdx.x == 0) write_scale_inv(e, scale);
+  const acuda::Quad q = acuda::quad_of_thread();
+  const std::int64_t row = tb.row0 + q.r, col = tb.col0 + q.c;
+  std::int64_t offset[4];
+  int valid[4];
+  acuda::quad_runs(row, col, e.ops.rows, e.ops.cols, offset, valid);
+  float x[4][4];  // +0 outside the tensor
+#pragma unroll
+  for (int h = 0; h < 4; h += 2) {  // two runs at a time: 4 would spill
+    const std::int64_t pair_offset[2] = {offset[h], offset[h + 1]};
+    const int pair_valid[2] = {valid[h], valid[h + 1]};
+    float p[2][4];
+    acuda::update_runs<2>(e.ops, s, pair_offset, pair_valid, p);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      x[h][k] = p[0][k];
+      x[h + 1][k] = p[1][k];
+    }
+  }
   float running = 0.0f;
-  for (int i = static_cast<int>(threadIdx.x); i < kTile * kTile; i += kThreads)
-    running = amax_of(running, tile[(i / kTile) * kPitch + i % kTile]);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) running = amax_of(running, x[i][k]);
   const float block = block_max<kThreads>(running);
   if (threadIdx.x == 0 && block > 0.0f) {
     atomic_max_nonnegative(e.amax_main, block);
     if (e.amax_other != nullptr) atomic_max_nonnegative(e.amax_other, block);
     atomic_max_nonnegative(e.history_row0, block);
   }
-  store_tile_codes(e, tile, row0, col0, scale);
+  store_codes(e, row, col, x, scale);
 }
 
 // ---------------------------------------------------------------- 4. the entry

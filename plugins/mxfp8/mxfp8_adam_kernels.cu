@@ -47,6 +47,9 @@ constexpr int kTileCols = 128;                              // four rowwise bloc
 constexpr int kBlocksPerRow = kTileCols / kBlock;
 constexpr int kPitch = kTileCols + 1;  // +1 float per staged row against bank conflicts
 constexpr int kThreads = 256;
+// At most 64 registers: 4 blocks (50% occupancy) with two runs of loads in flight per thread
+// (adam_cuda.cuh update_tile), no spills (ptxas -v).
+constexpr int kMinBlocks = 4;
 static_assert(kTileRows * kBlocksPerRow + kTileCols == kThreads,
               "one thread per rowwise block and one per columnwise block of a tile");
 
@@ -72,15 +75,14 @@ __device__ __forceinline__ std::uint32_t encode4(bool e4m3, float a, float b, fl
   return e4m3 ? num::fast::f32x4_to_e4m3x4(a, b, c, d) : num::fast::f32x4_to_e5m2x4(a, b, c, d);
 }
 
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     update_quantize_kernel(const __grid_constant__ Table table) {
   __shared__ float tile[kTileRows * kPitch];
   __shared__ std::uint8_t row_exponent[kTileRows][kBlocksPerRow];
   __shared__ std::uint8_t col_exponent[kTileCols];
-  const Entry& e = table.group[sdk::cuda::find_group(table, blockIdx.x)];
-  const std::int64_t local = static_cast<std::int64_t>(blockIdx.x) - e.first_block;
-  const std::int64_t row0 = (local / e.tiles_per_row) * kTileRows;
-  const std::int64_t col0 = (local % e.tiles_per_row) * kTileCols;
+  const auto tb = acuda::tile_block<kTileRows, kTileCols>(table);
+  const Entry& e = tb.e;
+  const std::int64_t row0 = tb.row0, col0 = tb.col0;
   const std::int64_t rows = e.ops.rows, cols = e.ops.cols;
   const adam::Scalars s = acuda::block_scalars(e.hyper);
   acuda::update_tile<kTileRows, kTileCols, kThreads, kPitch>(e.ops, s, row0, col0, tile);
@@ -110,26 +112,22 @@ __global__ void __launch_bounds__(kThreads)
 
   // Codes: runs of 4 columns, row by row (both directions are stored [rows, cols]).
   const bool e4m3 = e.e4m3 != 0;
-  constexpr int kRunsPerRow = kTileCols / 4;
-  for (int run = t; run < kTileRows * kRunsPerRow; run += kThreads) {
-    const int r = run / kRunsPerRow, c = (run % kRunsPerRow) * 4;
-    const std::int64_t row = row0 + r, col = col0 + c;
-    const int valid = row < rows ? sdk::cuda::valid_in_run(col, cols, 4) : 0;
-    if (valid <= 0) continue;
-    const float* x = tile + r * kPitch + c;
-    if (e.rowwise_data != nullptr) {
-      const float m = num::e8m0_encode_factor(row_exponent[r][c / kBlock]);
-      acuda::store_word4(e.rowwise_data + row * cols + col, valid,
-                 encode4(e4m3, x[0] * m, x[1] * m, x[2] * m, x[3] * m));
-    }
-    if (e.columnwise_data != nullptr) {
-      acuda::store_word4(e.columnwise_data + row * cols + col, valid,
-                 encode4(e4m3, x[0] * num::e8m0_encode_factor(col_exponent[c]),
-                         x[1] * num::e8m0_encode_factor(col_exponent[c + 1]),
-                         x[2] * num::e8m0_encode_factor(col_exponent[c + 2]),
-                         x[3] * num::e8m0_encode_factor(col_exponent[c + 3])));
-    }
-  }
+  acuda::for_each_run<false, kTileRows, kTileCols, kThreads>(
+      row0, col0, rows, cols, [&](int r, int c, std::int64_t row, std::int64_t col, int valid) {
+        const float* x = tile + r * kPitch + c;
+        if (e.rowwise_data != nullptr) {
+          const float m = num::e8m0_encode_factor(row_exponent[r][c / kBlock]);
+          acuda::store_word4(e.rowwise_data + row * cols + col, valid,
+                             encode4(e4m3, x[0] * m, x[1] * m, x[2] * m, x[3] * m));
+        }
+        if (e.columnwise_data != nullptr) {
+          acuda::store_word4(e.columnwise_data + row * cols + col, valid,
+                             encode4(e4m3, x[0] * num::e8m0_encode_factor(col_exponent[c]),
+                                     x[1] * num::e8m0_encode_factor(col_exponent[c + 1]),
+                                     x[2] * num::e8m0_encode_factor(col_exponent[c + 2]),
+                                     x[3] * num::e8m0_encode_factor(col_exponent[c + 3])));
+        }
+      });
 }
 
 // ---------------------------------------------------------------- 3. the entry

@@ -48,7 +48,19 @@ struct Param {
   std::shared_ptr<Quantizer> quantizer;
   Tensor lr, step;  // device scalars of a capturable step (else no data)
   Tensor copy;      // plain parameters: the master rounded to the copy's dtype (else no data)
+  std::vector<std::int64_t> shape;
+  // Elements between each of master, grad, exp_avg, exp_avg_sq's allocation and its data: a
+  // shift of 1 leaves FP32 data 4-byte and 16-bit data 2-byte aligned, never 8 or 16.
+  std::int64_t shift = 0;
 };
+
+// The data of buffer t of p: from element p.shift of its allocation on, with p's shape.
+TensorView at(const Param& p, const Tensor& t) {
+  if (p.shift == 0 || t.view().data() == nullptr) return t.view();
+  const DType dtype = t.view().dtype();
+  auto* data = static_cast<std::uint8_t*>(t.view().data()) + p.shift * (dtype_bits(dtype) / 8);
+  return TensorView(data, dtype, p.shape, t.view().device());
+}
 
 struct Host {
   Tensor master, exp_avg, exp_avg_sq;
@@ -72,34 +84,53 @@ Tensor copy_of(const Tensor& host, bool cuda) {
   return t;
 }
 
-Param make_param(const Host& h, Engine& engine, bool cuda, DType grad_dtype) {
+// A device copy of a host tensor whose data starts `shift` elements into its allocation.
+Tensor shifted_copy(const Tensor& host, std::int64_t shift) {
+  Tensor t(host.view().dtype(), {host.numel() + shift}, Device::cuda(0), cuda_allocator());
+  if (host.view().nbytes() > 0)
+    copy_to_device(static_cast<std::uint8_t*>(t.view().data()) +
+                       shift * (dtype_bits(host.view().dtype()) / 8),
+                   host.view().data(), static_cast<std::size_t>(host.view().nbytes()));
+  return t;
+}
+
+// `shift` (device only): the buffers' data starts that many elements into their allocations.
+Param make_param(const Host& h, Engine& engine, bool cuda, DType grad_dtype,
+                 std::int64_t shift = 0) {
   Param p;
-  p.master = copy_of(h.master, cuda);
-  p.exp_avg = copy_of(h.exp_avg, cuda);
-  p.exp_avg_sq = copy_of(h.exp_avg_sq, cuda);
-  p.grad = Tensor(grad_dtype, h.master.shape());
+  p.shape = h.master.shape();
+  p.shift = cuda ? shift : 0;
+  auto copy = [&](const Tensor& host) {
+    return p.shift == 0 ? copy_of(host, cuda) : shifted_copy(host, p.shift);
+  };
+  p.master = copy(h.master);
+  p.exp_avg = copy(h.exp_avg);
+  p.exp_avg_sq = copy(h.exp_avg_sq);
+  p.grad = copy(Tensor(grad_dtype, p.shape));
   p.quantizer = engine.resolve(test::kOptimRole);
   if (p.quantizer)
-    p.quantized = p.quantizer->quantize(p.master.view(), QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE,
+    p.quantized = p.quantizer->quantize(at(p, p.master), QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE,
                                         {}, cuda ? cuda_allocator() : nullptr);
   return p;
 }
 
 void set_grad(Param& p, std::int64_t step, bool cuda) {
-  p.grad = copy_of(test::host_tensor(test::normal_values(p.master.numel(), 0.01f,
-                                                         1000 + static_cast<std::uint64_t>(step)),
-                                     p.master.shape(), p.grad.view().dtype()),
-                   cuda);
+  std::int64_t numel = 1;
+  for (const std::int64_t d : p.shape) numel *= d;
+  const Tensor host = test::host_tensor(
+      test::normal_values(numel, 0.01f, 1000 + static_cast<std::uint64_t>(step)), p.shape,
+      p.grad.view().dtype());
+  p.grad = p.shift == 0 ? copy_of(host, cuda) : shifted_copy(host, p.shift);
 }
 
 AdamTensor step_tensor(Param& p, std::int64_t step, const std::string& name) {
   AdamTensor t;
   t.name = name;
   t.hyper = test::optim_hyper(step);
-  t.param = p.master.view();
-  t.grad = p.grad.view();
-  t.exp_avg = p.exp_avg.view();
-  t.exp_avg_sq = p.exp_avg_sq.view();
+  t.param = at(p, p.master);
+  t.grad = at(p, p.grad);
+  t.exp_avg = at(p, p.exp_avg);
+  t.exp_avg_sq = at(p, p.exp_avg_sq);
   if (p.quantizer) {
     t.quantized = &p.quantized;
     t.quantizer = p.quantizer.get();
@@ -122,10 +153,10 @@ int compare(const Param& cpu, const Param& gpu, const std::string& what) {
     if (m.empty()) return;
     if (++bad <= 3) MESSAGE(what << " " << part << ": " << m);
   };
-  check(cpu.master.view().c(), gpu.master.view().c(), "master");
+  check(at(cpu, cpu.master).c(), at(gpu, gpu.master).c(), "master");
   if (cpu.copy.view().data() != nullptr) check(cpu.copy.view().c(), gpu.copy.view().c(), "copy");
-  check(cpu.exp_avg.view().c(), gpu.exp_avg.view().c(), "exp_avg");
-  check(cpu.exp_avg_sq.view().c(), gpu.exp_avg_sq.view().c(), "exp_avg_sq");
+  check(at(cpu, cpu.exp_avg).c(), at(gpu, gpu.exp_avg).c(), "exp_avg");
+  check(at(cpu, cpu.exp_avg_sq).c(), at(gpu, gpu.exp_avg_sq).c(), "exp_avg_sq");
   if (!cpu.quantizer) return bad;
   for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
     if (!cpu.quantized.has(d)) continue;
@@ -205,6 +236,76 @@ TEST_CASE("GPU adam_step == CPU adam_step, every format, path and dtype") {
         }
       }
     }
+  }
+  MESSAGE(cases << " cases, " << failures << " mismatching buffers");
+  CHECK(failures == 0);
+}
+
+TEST_CASE("GPU adam_step: buffers aligned or not, runs cut by the tensor's end") {
+  if (!cuda_available()) {
+    MESSAGE("not supported: no CUDA device (" << cuda_status() << ")");
+    return;
+  }
+  // The kernels load and store a run of 4 elements as one vector only when all 4 exist and
+  // every buffer is aligned for it, else element by element (adam_cuda.cuh). Data one element
+  // into its allocation (shift 1) takes the element path for every run; shift 0 the vector
+  // path wherever cols % 4 == 0. The shapes end runs, 4x4 register blocks (1, 2 and 3 rows or
+  // columns left), 64- and 128-wide tiles and the 4096-element chunks of the flat kernels at
+  // other remainders, and 64x128 / 130x260 hold whole interior tiles.
+  const test::Shape shapes[] = {{64, 128}, {33, 70}, {1, 4099}, {130, 260}, {67, 132}, {67, 71}};
+  int cases = 0, failures = 0;
+  for (const test::OptimSpec& spec : test::kOptimSpecs) {
+    for (const bool fused : {true, false}) {
+      for (const test::Shape shape : shapes) {
+        for (const DType grad_dtype : {DType::bf16, DType::f32}) {
+          for (const std::int64_t shift : {0, 1}) {
+            const std::string what = std::string(spec.label) + (fused ? " fused " : " two-pass ") +
+                                     std::to_string(shape.rows) + "x" + std::to_string(shape.cols) +
+                                     " grad " + std::string(dtype_name(grad_dtype)) + " shift " +
+                                     std::to_string(shift);
+            CAPTURE(what);
+            Engine cpu_engine(Recipe::parse(test::optim_yaml(spec.yaml), "optim.yaml"));
+            Engine gpu_engine(Recipe::parse(test::optim_yaml(spec.yaml), "optim.yaml"));
+            const Host h = host_values(shape, DType::f32, 23);
+            Param cpu = make_param(h, cpu_engine, false, grad_dtype);
+            Param gpu = make_param(h, gpu_engine, true, grad_dtype, shift);
+            for (std::int64_t step = 1; step <= 2; ++step) {
+              set_grad(cpu, step, false);
+              set_grad(gpu, step, true);
+              AdamTensor tc = step_tensor(cpu, step, "'w'"), tg = step_tensor(gpu, step, "'w'");
+              adam_step(std::span<AdamTensor>(&tc, 1), {nullptr, fused, false});
+              adam_step(std::span<AdamTensor>(&tg, 1), {nullptr, fused, false});
+              synchronize(Device::cuda(0));
+              failures += compare(cpu, gpu, what + " step " + std::to_string(step));
+            }
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  // Plain parameters updated in their own dtype, shifted the same way.
+  Engine none(Recipe::parse(test::optim_yaml("{format: none}"), "none.yaml"));
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    const Host h = host_values({3, 1367}, DType::f32, 31);
+    std::vector<float> values(static_cast<std::size_t>(h.master.numel()));
+    std::memcpy(values.data(), h.master.view().data(), values.size() * 4);
+    const Tensor master = test::host_tensor(values, h.master.shape(), dtype);
+    Param cpu = make_param(h, none, false, DType::bf16);
+    Param gpu = make_param(h, none, true, DType::bf16, /*shift=*/1);
+    cpu.master = copy_of(master, false);
+    gpu.master = shifted_copy(master, 1);
+    const std::string what = "plain " + std::string(dtype_name(dtype)) + " shifted";
+    for (std::int64_t step = 1; step <= 2; ++step) {
+      set_grad(cpu, step, false);
+      set_grad(gpu, step, true);
+      AdamTensor tc = step_tensor(cpu, step, "'w'"), tg = step_tensor(gpu, step, "'w'");
+      adam_step(std::span<AdamTensor>(&tc, 1));
+      adam_step(std::span<AdamTensor>(&tg, 1));
+      synchronize(Device::cuda(0));
+      failures += compare(cpu, gpu, what + " step " + std::to_string(step));
+    }
+    ++cases;
   }
   MESSAGE(cases << " cases, " << failures << " mismatching buffers");
   CHECK(failures == 0);

@@ -97,6 +97,33 @@ def test_cuda_step_equals_cpu_step(name, fused):
             assert path == "two_pass", label
 
 
+def unaligned(g):
+    """g's values in a tensor whose data starts one element into its storage: its address is
+    not 8- or 16-byte aligned, so the kernels take their element-by-element path."""
+    out = torch.empty(g.numel() + 1, dtype=g.dtype, device=g.device)[1:].view(g.shape)
+    out.copy_(g)
+    assert out.data_ptr() % 8 != 0
+    return out
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_cuda_step_with_unaligned_gradients_equals_cpu(name):
+    _, cpu = quantized_model(name, keep=False)
+    _, gpu_source = quantized_model(name, keep=False)
+    gpu = cuda_twin(gpu_source)
+    opt_cpu = FusedAdam(cpu.parameters(), **HYPER)
+    opt_gpu = FusedAdam(gpu.parameters(), **HYPER)
+    for step in range(1, 3):
+        for p, g in zip(cpu.parameters(), grads_for(cpu, step, "cpu")):
+            p.grad = g
+        for p, g in zip(gpu.parameters(), grads_for(gpu, step, "cuda")):
+            p.grad = unaligned(g)
+        opt_cpu.step()
+        opt_gpu.step()
+        torch.cuda.synchronize()
+        compare_models(cpu, gpu, opt_cpu, opt_gpu, f"{name} unaligned grads step {step}")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("master_weights", [True, False])
 def test_cuda_plain_parameters_equal_cpu(dtype, master_weights):

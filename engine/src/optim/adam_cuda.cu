@@ -1,6 +1,6 @@
 // The engine's multi-tensor Adam update (see adam_cuda.hpp): plain parameters and the update
 // half of the two-pass path, every tensor of a step in one launch per table of
-// kMaxTensorsPerLaunch tensors. The element update is adam_cuda.cuh's update4 (adam.hpp), the
+// kMaxTensorsPerLaunch tensors. The element update is adam_cuda.cuh's update_runs (adam.hpp), the
 // code every plugin's fused kernel runs too.
 //
 // Map: the tensor table (kernel parameter), the kernel (one block per chunk of kChunk
@@ -21,7 +21,9 @@ namespace {
 namespace acuda = qrecipe::adam::cuda;
 
 constexpr int kThreads = 256;
-constexpr int kRunsPerThread = 4;  // runs of 4 elements: a thread keeps 4 loads of each in flight
+constexpr int kRunsPerThread = 4;  // runs of 4 elements per thread
+constexpr int kBatch = 2;          // runs whose loads a thread keeps in flight (update_runs)
+constexpr int kMinBlocks = 5;      // 48 registers, no spills (ptxas -v): 62% occupancy
 constexpr std::int64_t kChunk = static_cast<std::int64_t>(kThreads) * 4 * kRunsPerThread;
 constexpr int kMaxTensorsPerLaunch = 128;
 
@@ -32,20 +34,13 @@ struct Entry {
 };
 using Table = sdk::cuda::GroupTable<Entry, kMaxTensorsPerLaunch>;
 
-__global__ void __launch_bounds__(kThreads) update_kernel(const __grid_constant__ Table table) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    update_kernel(const __grid_constant__ Table table) {
   const int t = sdk::cuda::find_group(table, blockIdx.x);
   const Entry& e = table.group[t];
   const adam::Scalars s = acuda::block_scalars(e.hyper);
   const std::int64_t base = (static_cast<std::int64_t>(blockIdx.x) - e.first_block) * kChunk;
-#pragma unroll
-  for (int i = 0; i < kRunsPerThread; ++i) {
-    const std::int64_t offset = base + (static_cast<std::int64_t>(i) * kThreads + threadIdx.x) * 4;
-    const int valid = sdk::cuda::valid_in_run(offset, e.ops.cols, 4);
-    if (valid > 0) {
-      float p[4];
-      acuda::update4(e.ops, s, offset, valid, p);
-    }
-  }
+  acuda::update_flat<kThreads, kRunsPerThread, kBatch>(e.ops, s, base, [](const float (&)[4]) {});
 }
 
 void check(cudaError_t status, const char* call, int device, std::size_t tensors) {
