@@ -128,8 +128,11 @@ forward_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__
   }
   if (amax != nullptr) {  // the same branch for the whole block (block_reduce synchronizes)
     const float m = block_reduce<Max>(largest, scratch);
-    // Non-negative floats order as their bit patterns: an integer max is the float max.
-    if (threadIdx.x == 0) {
+    // Non-negative floats order as their bit patterns: an integer max is the float max. A row
+    // whose max does not exceed the value already there skips the atomics (one address for
+    // every row of the tensor): amax[0] only grows, and a block that raised it raises amax[1]
+    // too, so both end at the tensor's max when the kernel completes.
+    if (threadIdx.x == 0 && m > *reinterpret_cast<volatile float*>(amax)) {
       atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));
       atomicMax(reinterpret_cast<int*>(amax) + 1, __float_as_int(m));
     }
@@ -244,9 +247,11 @@ void backward_typed(const RmsNormCudaArgs& a, const void* dy, const void* x, con
   const auto s = static_cast<cudaStream_t>(a.stream);
   const std::size_t shared = static_cast<std::size_t>(a.n) * sizeof(float);
   auto* kernel = backward_kernel<T, V>;
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(shared)),
-        "cudaFuncSetAttribute (dynamic shared memory of the RMSNorm backward)", a);
+  constexpr std::size_t kDefaultShared = 48 * 1024;  // more must be asked for per kernel
+  if (shared > kDefaultShared)
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(shared)),
+          "cudaFuncSetAttribute (dynamic shared memory of the RMSNorm backward)", a);
   const std::int64_t per_block = (a.rows + count - 1) / count;
   kernel<<<static_cast<unsigned>(count), threads_for(a.n / V), shared, s>>>(
       static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(w), rstd,

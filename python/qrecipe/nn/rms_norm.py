@@ -92,8 +92,8 @@ if AVAILABLE:
 
 
 def _plain(t: torch.Tensor) -> bool:
-    # A tensor subclass (DTensor, a fake or functional tensor is fine under compile: they are
-    # traced as plain tensors) keeps torch's formula, which its own dispatch understands.
+    # A tensor subclass (a DTensor under tensor / sequence parallelism) keeps torch's formula,
+    # which the subclass's own dispatch understands; the kernels take plain tensors.
     return type(t) in (torch.Tensor, torch.nn.Parameter)
 
 
