@@ -67,16 +67,21 @@ TEST_CASE("rms_norm_backward checks dy, dx, dweight and the workspace") {
   const TensorView x = cuda_view(DType::bf16, {600, 64});
   const TensorView w = cuda_view(DType::bf16, {64});
   const TensorView r = cuda_view(DType::f32, {600});
-  const TensorView ws = cuda_view(DType::f32, {512, 64});
-  CHECK(rms_norm_backward_partials(600) == 512);
-  CHECK(rms_norm_backward_partials(3) == 3);
-  CHECK(rms_norm_backward_partials(0) == 1);
+  const TensorView ws = cuda_view(DType::f32, {600, 64});
+  CHECK(rms_norm_backward_partials(600, 64) == 600);
+  CHECK(rms_norm_backward_partials(600, 4096) == 512);
+  CHECK(rms_norm_backward_partials(100000, 4096) == 512);
+  CHECK(rms_norm_backward_partials(100000, 128) == 8192);
+  CHECK(rms_norm_backward_partials(100000, 1000) == 1048);
+  CHECK(rms_norm_backward_partials(3, 4096) == 3);
+  CHECK(rms_norm_backward_partials(0, 64) == 1);
+  CHECK_THROWS_AS(rms_norm_backward_partials(5, 0), Error);
   CHECK_THROWS_WITH_AS(rms_norm_backward(cuda_view(DType::bf16, {600, 32}), x, w, r, x, w, ws,
                                          nullptr),
                        doctest::Contains("dy is bf16 [600, 32]"), Error);
   CHECK_THROWS_WITH_AS(rms_norm_backward(x, x, w, r, x, cuda_view(DType::bf16, {32}), ws, nullptr),
                        doctest::Contains("dweight is bf16 [32]"), Error);
-  CHECK_THROWS_WITH_AS(rms_norm_backward(x, x, w, r, x, w, cuda_view(DType::f32, {511, 64}),
+  CHECK_THROWS_WITH_AS(rms_norm_backward(x, x, w, r, x, w, cuda_view(DType::f32, {599, 64}),
                                          nullptr),
-                       doctest::Contains("at least 512 x 64 values"), Error);
+                       doctest::Contains("at least 600 x 64 values"), Error);
 }

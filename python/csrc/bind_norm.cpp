@@ -3,6 +3,7 @@
 // here with torch (on x's device), the engine checks every tensor and does the arithmetic.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <tuple>
 #include <utility>
 
@@ -47,7 +48,7 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy, const 
   auto dw = at::empty_like(weight, at::MemoryFormat::Contiguous);
   const std::int64_t n = x.dim() == 0 ? 1 : x.size(-1);
   const std::int64_t rows = n == 0 ? 0 : x.numel() / n;
-  auto workspace = at::empty({qrecipe::rms_norm_backward_partials(rows), n},
+  auto workspace = at::empty({qrecipe::rms_norm_backward_partials(rows, std::max<std::int64_t>(n, 1)), n},
                              x.options().dtype(at::kFloat));
   const TensorView dyv = to_view(dy, "dy of rms_norm_backward");
   const TensorView xv = to_view(x, "x of rms_norm_backward");

@@ -37,9 +37,10 @@ void rms_norm_forward(const TensorView& x, const TensorView& weight, double eps,
                       const TensorView& y, const TensorView& rstd, const TensorView& amax,
                       void* stream);
 
-// The number of per-block dweight partials rms_norm_backward uses for `rows` rows: its
-// workspace is F32 [rms_norm_backward_partials(rows), n].
-std::int64_t rms_norm_backward_partials(std::int64_t rows);
+// The number of per-block dweight partials rms_norm_backward uses for `rows` rows of `n`
+// elements (a function of the shape only): its workspace is F32
+// [rms_norm_backward_partials(rows, n), n].
+std::int64_t rms_norm_backward_partials(std::int64_t rows, std::int64_t n);
 
 // dx (x's shape and dtype) and dweight (weight's shape and dtype) from dy (x's shape and
 // dtype), x, weight and the forward's rstd, through `workspace` (see above).

@@ -13,10 +13,15 @@
 namespace qrecipe {
 namespace {
 
-// Per-block dweight partials: a fixed count (not the device's SM count), so the summation
-// order, and with it every bit of dweight, is the same on every GPU. 512 blocks fill an H100
-// or H200 about four deep; the partials are 512 x n FP32 (8 MiB at n = 4096).
-constexpr std::int64_t kBackwardPartials = 512;
+// Per-block dweight partials: a count that depends on the shape only (not on the device's SM
+// count), so the summation order, and with it every bit of dweight, is the same on every GPU.
+// About 2^20 elements of work in flight: 512 blocks of 256 threads at n >= 2048 (an H100 or
+// H200 about four blocks deep), more blocks of fewer threads for narrow rows (up to 8192 at
+// n = 128, a per-head norm), so narrow rows still fill the GPU. The partials are count x n FP32
+// (8 MiB at n = 4096, at most 4 MiB below).
+constexpr std::int64_t kBackwardWork = std::int64_t{1} << 20;
+constexpr std::int64_t kMinPartials = 512;
+constexpr std::int64_t kMaxPartials = 8192;
 constexpr std::int64_t kMaxRows = 0x7fffffff;  // one block (forward) per row: gridDim.x
 
 bool norm_dtype(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
@@ -114,9 +119,11 @@ void rms_norm_forward(const TensorView& x, const TensorView& weight, double eps,
 #endif
 }
 
-std::int64_t rms_norm_backward_partials(std::int64_t rows) {
-  QR_CHECK(rows >= 0, "rms_norm_backward_partials: rows ", rows, " is negative");
-  return std::max<std::int64_t>(1, std::min(rows, kBackwardPartials));
+std::int64_t rms_norm_backward_partials(std::int64_t rows, std::int64_t n) {
+  QR_CHECK(rows >= 0 && n >= 1, "rms_norm_backward_partials: rows ", rows, " and hidden size ",
+           n, "; expected rows >= 0 and a hidden size >= 1");
+  const std::int64_t wanted = std::clamp(kBackwardWork / n, kMinPartials, kMaxPartials);
+  return std::max<std::int64_t>(1, std::min(rows, wanted));
 }
 
 void rms_norm_backward(const TensorView& dy, const TensorView& x, const TensorView& weight,
@@ -129,14 +136,14 @@ void rms_norm_backward(const TensorView& dy, const TensorView& x, const TensorVi
   check_rstd(fn, rstd, x);
   check_like(fn, "dx", dx, "x", x);
   check_like(fn, "dweight", dweight, "weight", weight);
-  const std::int64_t count = rms_norm_backward_partials(x.rows());
+  const std::int64_t count = rms_norm_backward_partials(x.rows(), x.cols());
   QR_CHECK(workspace.dtype() == DType::f32 && workspace.is_contiguous() &&
                workspace.numel() >= count * x.cols() &&
                workspace.device().type == x.device().type &&
                workspace.device().index == x.device().index,
            fn, ": workspace is ", describe(workspace), "; expected a contiguous float32 tensor of "
            "at least ", count, " x ", x.cols(), " values on ", x.device().str(),
-           " (rms_norm_backward_partials(rows) x hidden size)");
+           " (rms_norm_backward_partials(rows, hidden size) x hidden size)");
 #if QRECIPE_WITH_CUDA
   detail::rms_norm_backward_cuda(args_of(x, stream), dy.data(), x.data(), weight.data(),
                                  rstd.data_as<float>(), dx.data(), dweight.data(),

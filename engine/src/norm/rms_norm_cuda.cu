@@ -144,12 +144,14 @@ __global__ void __launch_bounds__(kMaxThreads)
 backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
                 const float* __restrict__ rstd, T* __restrict__ dx, float* __restrict__ partials,
                 std::int64_t rows, std::int64_t n, std::int64_t rows_per_block, float inv_n) {
-  extern __shared__ float dw_acc[];  // n values; element j belongs to the thread of its pack
+  // n values, element i of pack p at [i * packs + p]: for each i the threads of a warp touch
+  // consecutive words (no bank conflicts); each value belongs to the thread of its pack.
+  extern __shared__ float dw_acc[];
   __shared__ float scratch[kMaxWarps + 1];
   const std::int64_t packs = n / V;
   for (std::int64_t p = threadIdx.x; p < packs; p += blockDim.x)
 #pragma unroll
-    for (int i = 0; i < V; ++i) dw_acc[p * V + i] = 0.0f;
+    for (int i = 0; i < V; ++i) dw_acc[i * packs + p] = 0.0f;
   const std::int64_t first = blockIdx.x * rows_per_block;
   const std::int64_t last = first + rows_per_block < rows ? first + rows_per_block : rows;
   for (std::int64_t row = first; row < last; ++row) {
@@ -185,14 +187,14 @@ backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __re
         const float dh = __fadd_rn(__fmul_rn(gi, r), __fmul_rn(c, __fmul_rn(2.0f, h)));
         out.v[i] = from_f<T>(dh);
         const float hb = round_to<T>(__fmul_rn(h, r));
-        dw_acc[p * V + i] = __fadd_rn(dw_acc[p * V + i], round_to<T>(__fmul_rn(dyi, hb)));
+        dw_acc[i * packs + p] = __fadd_rn(dw_acc[i * packs + p], round_to<T>(__fmul_rn(dyi, hb)));
       }
       store<T, V>(dx + row * n, p, out);
     }
   }
   for (std::int64_t p = threadIdx.x; p < packs; p += blockDim.x)
 #pragma unroll
-    for (int i = 0; i < V; ++i) partials[blockIdx.x * n + p * V + i] = dw_acc[p * V + i];
+    for (int i = 0; i < V; ++i) partials[blockIdx.x * n + p * V + i] = dw_acc[i * packs + p];
 }
 
 template <class T>
