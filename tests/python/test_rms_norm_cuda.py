@@ -230,6 +230,20 @@ def test_amax_handoff_is_bit_identical(recipe_name, monkeypatch):
             assert torch.equal(u, v), f"{recipe_name}: step {step}, tensor {i} differs"
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_hf_gradient_checkpointing_is_bit_identical(reentrant):
+    # The recomputed norms run outside autocast (no amax handoff then): same bits anyway.
+    recipe = qrecipe.Recipe.default()
+    plain = train_steps(tiny_llama(True), recipe)
+    model = tiny_llama(True)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.train()
+    checkpointed = train_steps(model, recipe)
+    for step, (a, b) in enumerate(zip(plain, checkpointed)):
+        for i, (u, v) in enumerate(zip(a, b)):
+            assert torch.equal(u, v), f"use_reentrant={reentrant}: step {step}, tensor {i}"
+
+
 def test_converted_llama_compiles_without_graph_breaks_and_matches_eager():
     from test_hf_integration import check_compiles_like_eager
     ids = torch.randint(0, 256, (2, 64), device="cuda",
