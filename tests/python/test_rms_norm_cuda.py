@@ -55,6 +55,13 @@ def check_forward(y, ref, dtype, what):
         assert same >= 0.999, f"{what}: only {same:.5f} of the outputs are bit-identical"
 
 
+def check_all(ours, ref, dtype, what):
+    """(y, dx, dweight) of the kernels against the HF formula's, within the bounds."""
+    check_forward(ours[0], ref[0], dtype, f"y, {what}")
+    check_grad(ours[1], ref[1], dtype, f"dx, {what}")
+    check_grad(ours[2], ref[2], dtype, f"dweight, {what}")
+
+
 def check_grad(g, ref, dtype, what):
     err = (g.float() - ref.float()).abs().max().item()
     scale = ref.float().abs().max().item()
@@ -65,11 +72,8 @@ def check_grad(g, ref, dtype, what):
 @pytest.mark.parametrize("shape", SHAPES)
 def test_kernels_match_hf_formula_within_the_bound(dtype, shape):
     x, w, dy = inputs(shape, dtype)
-    ours = forward_backward(fused, x, w, dy)
-    ref = forward_backward(hf_rms_norm, x, w, dy)
-    check_forward(ours[0], ref[0], dtype, f"y {dtype} {shape}")
-    check_grad(ours[1], ref[1], dtype, f"dx {dtype} {shape}")
-    check_grad(ours[2], ref[2], dtype, f"dweight {dtype} {shape}")
+    check_all(forward_backward(fused, x, w, dy), forward_backward(hf_rms_norm, x, w, dy), dtype,
+              f"{dtype} {shape}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -99,10 +103,7 @@ def test_kernels_are_deterministic_and_serve_unaligned_rows(dtype, cols):
         b = forward_backward(fused, xs, w, dys)
         for u, v in zip(a, b):
             assert torch.equal(u, v)
-        ref = forward_backward(hf_rms_norm, xs, w, dys)
-        check_forward(a[0], ref[0], dtype, f"y, {cols} columns")
-        check_grad(a[1], ref[1], dtype, f"dx, {cols} columns")
-        check_grad(a[2], ref[2], dtype, f"dweight, {cols} columns")
+        check_all(a, forward_backward(hf_rms_norm, xs, w, dys), dtype, f"{cols} columns")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
