@@ -16,7 +16,10 @@ filter_fn; torchao: its module filter), so both quantize the same GEMMs.
                                          torchao is not importable)
   qrecipe_<recipe>_eager / _compiled     qrecipe.convert(model, recipe) under
                                          qrecipe.autocast(recipe), eager / torch.compile, for
-                                         recipes default, float8_delayed, blockwise
+                                         recipes default, float8_delayed, blockwise; convert
+                                         also puts the fused qrecipe.nn.RMSNorm in place of
+                                         LlamaRMSNorm (fuse_norms, docs/adapter.md "Fused
+                                         RMSNorm"), the BF16 and torchao candidates keep HF's
 
 Printed and written (--out, the results format of tools/bench_table.py): median ms per step,
 the ratio to bf16_eager (median over rounds of bf16_eager ms / candidate ms; > 1: faster) and,

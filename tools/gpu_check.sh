@@ -34,7 +34,9 @@
 #                  -d .whl tqdm==4.70.1 matplotlib==3.10.8 contourpy==1.3.3 \
 #                  cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1 pillow==13.0.0 \
 #                  pyparsing==3.3.2 python-dateutil==2.9.0.post0 six==1.17.0 packaging==26.2
-#   llama      bench/bench_hf_llama.py --out $OUT/bench_hf_llama.json: a Hugging Face Llama
+#   llama      bench/bench_rms_norm.py --out $OUT/bench_rms_norm.json (the fused RMSNorm
+#              against HF's formula), then bench/bench_hf_llama.py --out
+#              $OUT/bench_hf_llama.json: a Hugging Face Llama
 #              step with Llama-3-8B layer shapes, BF16 / torchao / qrecipe, eager and compiled
 #              (needs the adapter and transformers; skipped, not failed, without them)
 #   tp         torchrun on 2 GPUs (NCCL; NVLink multicast off) of bench/bench_tp.py --check
@@ -426,7 +428,7 @@ do_bench() {
 merge_results() {
   local parts=()
   for f in bench.json bench_gemm.json bench_linear.json bench_grouped_linear.json \
-           bench_optimizer.json bench_hf_llama.json bench_tp.json bench_fsdp.json \
+           bench_optimizer.json bench_rms_norm.json bench_hf_llama.json bench_tp.json bench_fsdp.json \
            "bench_fsdp_ws${FSDP_WORLD:-2}.json"; do
     [[ -f $OUT/$f ]] && parts+=("$OUT/$f")
   done
@@ -474,6 +476,9 @@ do_llama() {
     echo "llama: transformers is not importable by python3"; return $SKIPPED
   fi
   local rc=0
+  # The fused RMSNorm against HF's formula (a few seconds), then the whole model.
+  PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_rms_norm.py" \
+    --out "$OUT/bench_rms_norm.json" || rc=1
   # shellcheck disable=SC2086  # BENCH_HF_ARGS is a list of words on purpose
   PYTHONPATH="$BUILD_DIR/python" python3 "$root/bench/bench_hf_llama.py" \
     --out "$OUT/bench_hf_llama.json" ${BENCH_HF_ARGS:-} || rc=1

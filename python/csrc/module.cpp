@@ -17,6 +17,7 @@
 //   bind_grouped_gemm.cpp  gemm_grouped, QuantizedGroups and quantize_grouped_split (splits on
 //                      the device), plan_grouped_linear, grouped_kernels_built
 //   bind_optim.cpp     adam_step / adam_path: the step of qrecipe.optim.FusedAdam
+//   bind_norm.cpp      rms_norm_forward / rms_norm_backward: the fused RMSNorm
 //
 // The Python package adds the torch-facing behaviour (autograd, modules, autocast); the
 // bindings only translate types, so every numeric decision stays in the engine and the plugins.
@@ -56,4 +57,5 @@ PYBIND11_MODULE(_C, m) {
   qp::bind_factories(m);
   qp::bind_grouped_gemm(m);
   qp::bind_optim(m);
+  qp::bind_norm(m);
 }

@@ -67,5 +67,6 @@ void bind_gemm(py::module_& m);      // bind_gemm.cpp: gemm, gemm_many, raw cuBL
 void bind_factories(py::module_& m); // bind_factories.cpp: factory resolver, coverage, origins
 void bind_grouped_gemm(py::module_& m);  // bind_grouped_gemm.cpp: grouped GEMMs, device splits
 void bind_optim(py::module_& m);     // bind_optim.cpp: the optimizer step (qrecipe.optim)
+void bind_norm(py::module_& m);      // bind_norm.cpp: the fused RMSNorm (qrecipe.nn.RMSNorm)
 
 }  // namespace qrecipe::python

@@ -35,7 +35,9 @@ and the layers below it, never upwards, and there are no import cycles
   nn/              modules Linear, LayerNormLinear (LayerNorm / RMSNorm + Linear), LayerNormMLP
                    (norm -> fc1 -> GELU / SwiGLU / ... -> fc2), GroupedLinear (MoE experts in
                    one grouped parameter), their base QuantizedModule, the GEMM operations
-                   (linear_gemms) and their eager / compiled dispatch; imports the ground floor
+                   (linear_gemms) and their eager / compiled dispatch; RMSNorm (Hugging
+                   Face's norm, fused on CUDA; norm_amax hands its output amax to the next
+                   Linears); imports the ground floor
   optim/           FusedAdam: Adam / AdamW with FP32 master weights; quantized parameters are
                    requantized from their masters by their format's plugin
   distributed/     FSDP2: fully_shard with checks and amax groups (fsdp); tensor parallelism
@@ -43,7 +45,8 @@ and the layers below it, never upwards, and there are no import cycles
                    optim/ and distributed/ may import nn/ and the ground floor, never the
                    reverse
   top              this __init__ (the public names) and convert (convert(): nn.Linear ->
-                   qrecipe.nn.Linear in place; names every qrecipe module by its path);
+                   qrecipe.nn.Linear in place, known HF RMSNorms -> qrecipe.nn.RMSNorm; names
+                   every qrecipe module by its path);
                    parallel (tensor / sequence parallel plan styles for torch's
                    parallelize_module; imported explicitly, `import qrecipe.parallel`)
 """

@@ -6,11 +6,15 @@
   GroupedLinear     num_gemms experts on row groups of x      module_type grouped_linear
   QuantizedModule   the base of all four (roles per recipe, explain, input checks,
                     the GEMM dispatch, scaling state in state_dict)
+  RMSNorm           Hugging Face's RMSNorm, fused on CUDA (no GEMM, no role; convert()
+                    puts it in place of HF's LlamaRMSNorm and its copies)
 """
 from .base import QuantizedModule
 from .grouped_linear import GroupedLinear
 from .layernorm_linear import LayerNormLinear
 from .layernorm_mlp import LayerNormMLP
 from .linear import Linear
+from .rms_norm import RMSNorm
 
-__all__ = ["Linear", "LayerNormLinear", "LayerNormMLP", "GroupedLinear", "QuantizedModule"]
+__all__ = ["Linear", "LayerNormLinear", "LayerNormMLP", "GroupedLinear", "QuantizedModule",
+           "RMSNorm"]

@@ -54,7 +54,7 @@ def share_key(quantizer) -> Optional[str]:
     return quantizer.spec
 
 
-def _anchor(x: torch.Tensor) -> torch.Tensor:
+def anchor(x: torch.Tensor) -> torch.Tensor:
     """The tensor whose lifetime and version stand for `x`'s bytes: its base when `x` is a
     view. Several Linears may each get their own view of one tensor (a tensor-parallel
     ColwiseParallel layer takes ``DTensor.to_local()``, a fresh view per call), and views of
@@ -62,9 +62,9 @@ def _anchor(x: torch.Tensor) -> torch.Tensor:
     return x._base if x._base is not None else x
 
 
-def _identity(x: torch.Tensor) -> tuple:
-    anchor = _anchor(x)  # views share their base's version counter
-    return (id(anchor), anchor._version, x.data_ptr(), tuple(x.shape), tuple(x.stride()),
+def identity(x: torch.Tensor) -> tuple:
+    anchor_ = anchor(x)  # views share their base's version counter
+    return (id(anchor_), anchor_._version, x.data_ptr(), tuple(x.shape), tuple(x.stride()),
             x.dtype, x.device)
 
 
@@ -83,11 +83,11 @@ def operand(x: torch.Tensor, x2: torch.Tensor, quantizer, key: str, usage: int, 
     """`x2` (x as [tokens, in]) quantized by `quantizer` with `usage`, shared with earlier
     Linears that read the same `x` under spec `key`; `quantize(quantizer, tensor, usage)`
     makes a new one."""
-    identity, anchor = _identity(x), _anchor(x)
-    if _last.key != identity or _last.x is None or _last.x() is not anchor:
+    key_now, base = identity(x), anchor(x)
+    if _last.key != key_now or _last.x is None or _last.x() is not base:
         _evict()
-        _last.x = weakref.ref(anchor)
-        _last.key = identity
+        _last.x = weakref.ref(base)
+        _last.key = key_now
     op = _last.ops.get((key, usage))
     if op is None:
         op = quantize(quantizer, x2, usage)

@@ -34,7 +34,7 @@ from .. import telemetry as _telemetry
 from .._engine import _C
 from ..quantization import COLUMNWISE, ROWWISE
 from ..quantized_param import QuantizedWeight
-from . import input_sharing
+from . import input_sharing, norm_amax
 from .weight_cache import cached_weight_operand
 
 
@@ -103,12 +103,18 @@ def refuse_graph_capture(like: torch.Tensor, step: str, name: str = "") -> None:
         raise RuntimeError(GRAPH_CAPTURE_REFUSED.format(who=who, step=step))
 
 
-def _quantize(quantizer, tensor: torch.Tensor, usage: int):
+def _quantize(quantizer, tensor: torch.Tensor, usage: int,
+              amax: Optional[torch.Tensor] = None):
     """Every quantization of a linear layer's operands (here, in the operators of
     compile_ops.py and per expert in grouped_linear_function.py) goes through here (tests
-    count the calls), and telemetry observes them here (only a flag test when it is off)."""
+    count the calls), and telemetry observes them here (only a flag test when it is off).
+    `amax`: the tensor's amax already computed on the device (a fused norm's, norm_amax.py)."""
     refuse_graph_capture(tensor, f"quantization of role {quantizer.role}")
-    quantized = quantizer.quantize(tensor, usage)
+    if amax is None:
+        quantized = quantizer.quantize(tensor, usage)
+    else:
+        quantized = quantizer.quantize(tensor, usage, amax=amax)
+        norm_amax.stats["used"] += 1
     if _telemetry.state.on:
         _telemetry.observe(quantizer, tensor, quantized)
     return quantized
@@ -236,8 +242,14 @@ def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     x2 = x.reshape(-1, in_features).contiguous()
     x_usage = ROWWISE | (COLUMNWISE if need_wgrad else 0)
     key = roles.plan.get("input_share") if share_input else None
+    # A fused norm's output amax, when x is that output (norm_amax.py): same bytes, one pass less.
+    amax = norm_amax.take(x, roles.input) if roles.input is not None else None
     if key is not None:
-        x_op = input_sharing.operand(x, x2, roles.input, key, x_usage, _quantize)
+        x_op = input_sharing.operand(
+            x, x2, roles.input, key, x_usage,
+            _quantize if amax is None else lambda q, t, u: _quantize(q, t, u, amax))
+    elif amax is not None:
+        x_op = _quantize(roles.input, x2, x_usage, amax)
     else:
         x_op = operand(roles.input, x2, x_usage)
     if weight_op is not None:
