@@ -670,6 +670,8 @@ __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lan
 }
 
 // 4 CTAs an SM: at most 128 registers (the both-directions kernel needs about that many);
+// columnwise alone 5 CTAs (96 registers, no spill; shared memory, 38 KB a CTA, allows no 6th),
+// so more tiles' loads are in flight (it measured 16-22 % achieved occupancy at 4);
 // stochastic rounding, whose Philox calls keep more values live, 3 CTAs (168 registers) for one
 // direction and 2 (255) for both, where 168 spilled: it is bound by instructions, and the
 // unrolled Philox calls give each warp independent work to hide latency with.
@@ -678,7 +680,7 @@ __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lan
 template <class In, bool kRow, bool kCol, bool kSR, class Cast = NoCast>
 __global__ void __launch_bounds__(Tile16::kThreads,
                                   kSR ? (kRow && kCol ? 2 : 3)
-                                      : (std::is_same_v<Cast, NoCast> ? 4 : 3))
+                                      : (std::is_same_v<Cast, NoCast> ? (kRow ? 4 : 5) : 3))
     quantize_16bit_kernel(const __grid_constant__ QuantizeParams p, const qr_tensor_cast cast) {
   using T = Tile16;
   constexpr int R = T::kLaneRows;

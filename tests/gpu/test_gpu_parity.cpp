@@ -138,13 +138,13 @@ struct Shape {
   std::int64_t rows, cols;
 };
 // {144, 99}: partial 64-row tiles with whole 16-row blocks (M % 16 == 0, for nvfp4 hadamard).
-// {2192, 2048}: more tiles than a persistent grid holds on one GPU (288 of blockwise's
-// 128 x 128, 35 x 16 of nvfp4's 64 x 128), so CTAs loop and prefetch; aligned, with a last row
-// of partial tiles (2192 = 17 x 128 + 16 = 34 x 64 + 16) the loop reaches after interior ones,
-// and M % 16 == 0 for nvfp4 hadamard.
+// {2192, 3072}: more tiles than a persistent grid holds on a 132-SM GPU (432 of blockwise's
+// 128 x 128 against 2 CTAs an SM, 840 of nvfp4's 64 x 128 against up to 5), so CTAs loop and
+// prefetch; aligned, with a last row of partial tiles (2192 = 17 x 128 + 16 = 34 x 64 + 16)
+// the loop reaches after interior ones, and M % 16 == 0 for nvfp4 hadamard.
 const Shape kShapes[] = {{1, 1},      {1, 17},     {31, 33},     {128, 128},
                          {129, 257},  {256, 1024}, {1000, 999},  {4096, 4096},
-                         {0, 16},     {144, 99},   {2192, 2048}};
+                         {0, 16},     {144, 99},   {2192, 3072}};
 
 // Inputs: `normal` N(0,1); `outliers` N(0,1) with one element in 997 scaled by 1000;
 // `special` N(0,1) with NaN, +-0 and f32/bf16 denormals sprinkled in (amax stays finite);
