@@ -282,17 +282,26 @@ __device__ __forceinline__ void sr_words8(const RandomStream& random, std::int64
 
 // The sign bits of the lane's columns 2m (lo) and 2m + 1 (hi) over its 8 rows, as they sit in
 // packed column codes (row 2j in bit 3 of byte j, row 2j + 1 in bit 7).
+// From the lane's word m of each of its 8 rows (col[i] = raw[i].w[m]).
+__device__ __forceinline__ void column_signs(const std::uint32_t (&col)[Tile16::kLaneRows],
+                                             std::uint32_t& lo, std::uint32_t& hi) {
+  // [sign(a.lo), sign(b.lo), sign(a.hi), sign(b.hi)] of two rows' words a, b.
+  constexpr std::uint32_t kTwoRows = 0xFBD9u;
+  const std::uint32_t e04 = prmt(col[0], col[2], kTwoRows);
+  const std::uint32_t e48 = prmt(col[4], col[6], kTwoRows);
+  const std::uint32_t o04 = prmt(col[1], col[3], kTwoRows);
+  const std::uint32_t o48 = prmt(col[5], col[7], kTwoRows);
+  lo = (prmt(e04, e48, 0x5410u) & 0x08080808u) | (prmt(o04, o48, 0x5410u) & 0x80808080u);
+  hi = (prmt(e04, e48, 0x7632u) & 0x08080808u) | (prmt(o04, o48, 0x7632u) & 0x80808080u);
+}
+
 template <class In>
 __device__ __forceinline__ void column_signs(const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows],
                                              int m, std::uint32_t& lo, std::uint32_t& hi) {
-  // [sign(a.lo), sign(b.lo), sign(a.hi), sign(b.hi)] of two rows' words a, b.
-  constexpr std::uint32_t kTwoRows = 0xFBD9u;
-  const std::uint32_t e04 = prmt(raw[0].w[m], raw[2].w[m], kTwoRows);
-  const std::uint32_t e48 = prmt(raw[4].w[m], raw[6].w[m], kTwoRows);
-  const std::uint32_t o04 = prmt(raw[1].w[m], raw[3].w[m], kTwoRows);
-  const std::uint32_t o48 = prmt(raw[5].w[m], raw[7].w[m], kTwoRows);
-  lo = (prmt(e04, e48, 0x5410u) & 0x08080808u) | (prmt(o04, o48, 0x5410u) & 0x80808080u);
-  hi = (prmt(e04, e48, 0x7632u) & 0x08080808u) | (prmt(o04, o48, 0x7632u) & 0x80808080u);
+  std::uint32_t col[Tile16::kLaneRows];
+#pragma unroll
+  for (int i = 0; i < Tile16::kLaneRows; ++i) col[i] = raw[i].w[m];
+  column_signs(col, lo, hi);
 }
 
 // Encodes the lane's 64 elements when no NaN is among them: row codes stored, column code
@@ -351,21 +360,32 @@ __device__ __forceinline__ void encode_lane_fast(
 // L.row + i at column L.col, those of column k the two groups of data row L.col + k of the
 // transposed output at column L.row (both 8-aligned). rules::sr_magnitude saturates itself, so
 // there is no kSaturate split; the signs come from the source words as in the nearest path.
+// The rowwise side reads the lane's source words again, a row at a time, from its rows in the
+// CTA's input tile (`in`: row i's 4 words at in + i * Tile16::kCols / 2) instead of `raw`, so
+// the rowwise-only kernel holds no more than a row of them across its Philox calls (124
+// registers: 4 CTAs an SM without spills, against 162 registers and 3 CTAs when it held all
+// 32). The columnwise side needs all 8 rows for every column and keeps `raw` (reading them
+// again there gained no CTA: it spilled at 128 registers either way).
 template <class In, bool kRow, bool kCol>
-__device__ __forceinline__ void encode_lane_sr(
-    const QuantizeParams& p, const Lane16& L, const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows],
-    const float (&row_enc)[Tile16::kLaneRows], const float (&col_enc)[8],
-    std::uint32_t (&col_words)[8]) {
+__device__ __forceinline__ void encode_lane_sr(const QuantizeParams& p, const Lane16& L,
+                                               const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows],
+                                               const std::uint32_t* in,
+                                               const float (&row_enc)[Tile16::kLaneRows],
+                                               const float (&col_enc)[8],
+                                               std::uint32_t (&col_words)[8]) {
+  constexpr int kPitch = Tile16::kCols / 2;  // words of a tile row
   if constexpr (kRow) {
 #pragma unroll
     for (int i = 0; i < Tile16::kLaneRows; ++i) {
+      const uint4 v = *reinterpret_cast<const uint4*>(in + i * kPitch);
+      const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
       float lo[4], hi[4];
 #pragma unroll
-      for (int m = 0; m < 4; ++m) Packed16<In>::to_f32(raw[i].w[m], lo[m], hi[m]);
+      for (int m = 0; m < 4; ++m) Packed16<In>::to_f32(w[m], lo[m], hi[m]);
       PhiloxWords r[2];
       sr_words8(p.random, L.row + i, p.cols, L.col, r);
       *reinterpret_cast<std::uint32_t*>(L.row_out + i * p.row_pitch) =
-          encode_run8_sr(raw[i].w, lo, hi, row_enc[i], r);
+          encode_run8_sr(w, lo, hi, row_enc[i], r);
     }
   }
   if constexpr (kCol) {
@@ -586,10 +606,13 @@ __device__ __noinline__ void quantize_lane_exact(const QuantizeParams& p, const 
 }
 
 // The lane's part of one tile: row codes stored, column codes and scale bytes staged.
+// `in`: the lane's rows in the CTA's input tile (the same values as raw; encode_lane_sr reads
+// them from there).
 template <class In, bool kRow, bool kCol, bool kSR, class Cast>
 __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lane16& L, const Cast16& c,
                                               const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows],
-                                              float row_s6, float col_s6, const Stage16& s) {
+                                              const std::uint32_t* in, float row_s6,
+                                              float col_s6, const Stage16& s) {
   const float* row_table = s.row_table;
   const float* col_table = s.col_table;
   std::uint32_t col_words[8] = {}, own_row_codes = 0, own_col_codes = 0;
@@ -661,7 +684,7 @@ __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lan
   }
   cast_lane<In, Cast, false>(p, L, c, raw);
   if constexpr (kSR)
-    encode_lane_sr<In, kRow, kCol>(p, L, raw, row_enc, col_enc, col_words);
+    encode_lane_sr<In, kRow, kCol>(p, L, raw, in, row_enc, col_enc, col_words);
   else if (__any_sync(kFullMask, !(reach < 7.0f)))
     encode_lane_fast<In, kRow, kCol, true>(p, L, raw, row_enc, col_enc, col_words);
   else
@@ -672,14 +695,15 @@ __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lan
 // 4 CTAs an SM: at most 128 registers (the both-directions kernel needs about that many);
 // columnwise alone 5 CTAs (96 registers, no spill; shared memory, 38 KB a CTA, allows no 6th),
 // so more tiles' loads are in flight (it measured 16-22 % achieved occupancy at 4);
-// stochastic rounding, whose Philox calls keep more values live, 3 CTAs (168 registers) for one
-// direction and 2 (255) for both, where 168 spilled: it is bound by instructions, and the
-// unrolled Philox calls give each warp independent work to hide latency with.
+// stochastic rounding, whose Philox calls keep more values live: rowwise 4 CTAs (it reads its
+// rows again from shared memory, encode_lane_sr), columnwise 3 (168 registers; 128 spilled)
+// and 2 (255) for both, where 168 spilled: it is bound by instructions, and the unrolled
+// Philox calls give each warp independent work to hide latency with.
 // A kernel that also writes a per-tensor cast (the hybrid fusion) stores two directions: 3
 // CTAs (168 registers; at 128 it spilled 24 bytes).
 template <class In, bool kRow, bool kCol, bool kSR, class Cast = NoCast>
 __global__ void __launch_bounds__(Tile16::kThreads,
-                                  kSR ? (kRow && kCol ? 2 : 3)
+                                  kSR ? (kRow && kCol ? 2 : (kRow ? 4 : 3))
                                       : (std::is_same_v<Cast, NoCast> ? (kRow ? 4 : 5) : 3))
     quantize_16bit_kernel(const __grid_constant__ QuantizeParams p, const qr_tensor_cast cast) {
   using T = Tile16;
@@ -778,8 +802,16 @@ __global__ void __launch_bounds__(Tile16::kThreads,
       }
     } else {
       load_lane_rows<In>(p, L.row, L.col, raw);
+      if constexpr (kSR) {  // encode_lane_sr reads the lane's rows from the input tile
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+          *reinterpret_cast<uint4*>(&in_tile[buffer][lane_row + i][lane_col / 2]) =
+              make_uint4(raw[i].w[0], raw[i].w[1], raw[i].w[2], raw[i].w[3]);
+      }
     }
-    quantize_lane<In, kRow, kCol, kSR, Cast>(p, L, c16, raw, row_s6, col_s6, stage);
+    quantize_lane<In, kRow, kCol, kSR, Cast>(p, L, c16, raw,
+                                             &in_tile[buffer][lane_row][lane_col / 2], row_s6,
+                                             col_s6, stage);
     __syncthreads();
     const std::int64_t row0 = t.row0(), col0 = t.col0();
     const int valid_rows = valid_in_run(row0, p.rows, T::kRows);
