@@ -306,20 +306,37 @@ __device__ __forceinline__ void column_signs(const sdk::cuda::Raw8<In> (&raw)[Ti
 
 // Encodes the lane's 64 elements when no NaN is among them: row codes stored, column code
 // words returned in col_words (column k: row i in nibble i).
+// The lane's row i (4 words) from its rows in the CTA's input tile (row i at in + i * 64).
+template <class In>
+__device__ __forceinline__ sdk::cuda::Raw8<In> tile_row(const std::uint32_t* in, int i) {
+  const uint4 v = *reinterpret_cast<const uint4*>(in + i * (Tile16::kCols / 2));
+  sdk::cuda::Raw8<In> r;
+  r.w[0] = v.x;
+  r.w[1] = v.y;
+  r.w[2] = v.z;
+  r.w[3] = v.w;
+  return r;
+}
+
+// The source words come again from the lane's rows in the CTA's input tile (`in`, tile_row), a
+// row at a time, instead of from registers held since the amaxes: the 32 registers of the
+// lane's 64 elements then live only through the amax step, which lets the round-to-nearest
+// kernels run 5 CTAs an SM (96 registers) without spilling.
 template <class In, bool kRow, bool kCol, bool kSaturate>
 __device__ __forceinline__ void encode_lane_fast(
-    const QuantizeParams& p, const Lane16& L, const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows],
+    const QuantizeParams& p, const Lane16& L, const std::uint32_t* in,
     const float (&row_enc)[Tile16::kLaneRows], const float (&col_enc)[8],
     std::uint32_t (&col_words)[8]) {
   std::uint32_t even_row[8];  // magnitude bytes of the last even row, per column
 #pragma unroll
   for (int i = 0; i < Tile16::kLaneRows; ++i) {
+    const sdk::cuda::Raw8<In> row = tile_row<In>(in, i);
     float lo[4], hi[4];
 #pragma unroll
-    for (int m = 0; m < 4; ++m) Packed16<In>::to_f32(raw[i].w[m], lo[m], hi[m]);
+    for (int m = 0; m < 4; ++m) Packed16<In>::to_f32(row.w[m], lo[m], hi[m]);
     if constexpr (kRow) {
       *reinterpret_cast<std::uint32_t*>(L.row_out + i * p.row_pitch) =
-          encode_run8<kSaturate>(raw[i].w, lo, hi, row_enc[i], p.two_pow_10);
+          encode_run8<kSaturate>(row.w, lo, hi, row_enc[i], p.two_pow_10);
     }
     if constexpr (kCol) {
 #pragma unroll
@@ -345,10 +362,13 @@ __device__ __forceinline__ void encode_lane_fast(
     }
   }
   if constexpr (kCol) {
+    sdk::cuda::Raw8<In> rows[Tile16::kLaneRows];
+#pragma unroll
+    for (int i = 0; i < Tile16::kLaneRows; ++i) rows[i] = tile_row<In>(in, i);
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
       std::uint32_t lo, hi;
-      column_signs<In>(raw, m, lo, hi);
+      column_signs<In>(rows, m, lo, hi);
       col_words[2 * m] |= lo;
       col_words[2 * m + 1] |= hi;
     }
@@ -373,19 +393,17 @@ __device__ __forceinline__ void encode_lane_sr(const QuantizeParams& p, const La
                                                const float (&row_enc)[Tile16::kLaneRows],
                                                const float (&col_enc)[8],
                                                std::uint32_t (&col_words)[8]) {
-  constexpr int kPitch = Tile16::kCols / 2;  // words of a tile row
   if constexpr (kRow) {
 #pragma unroll
     for (int i = 0; i < Tile16::kLaneRows; ++i) {
-      const uint4 v = *reinterpret_cast<const uint4*>(in + i * kPitch);
-      const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      const sdk::cuda::Raw8<In> row = tile_row<In>(in, i);
       float lo[4], hi[4];
 #pragma unroll
-      for (int m = 0; m < 4; ++m) Packed16<In>::to_f32(w[m], lo[m], hi[m]);
+      for (int m = 0; m < 4; ++m) Packed16<In>::to_f32(row.w[m], lo[m], hi[m]);
       PhiloxWords r[2];
       sr_words8(p.random, L.row + i, p.cols, L.col, r);
       *reinterpret_cast<std::uint32_t*>(L.row_out + i * p.row_pitch) =
-          encode_run8_sr(w, lo, hi, row_enc[i], r);
+          encode_run8_sr(row.w, lo, hi, row_enc[i], r);
     }
   }
   if constexpr (kCol) {
@@ -686,15 +704,15 @@ __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lan
   if constexpr (kSR)
     encode_lane_sr<In, kRow, kCol>(p, L, raw, in, row_enc, col_enc, col_words);
   else if (__any_sync(kFullMask, !(reach < 7.0f)))
-    encode_lane_fast<In, kRow, kCol, true>(p, L, raw, row_enc, col_enc, col_words);
+    encode_lane_fast<In, kRow, kCol, true>(p, L, in, row_enc, col_enc, col_words);
   else
-    encode_lane_fast<In, kRow, kCol, false>(p, L, raw, row_enc, col_enc, col_words);
+    encode_lane_fast<In, kRow, kCol, false>(p, L, in, row_enc, col_enc, col_words);
   stage_lane<kRow, kCol>(L, s, col_words, own_row_codes, own_col_codes);
 }
 
-// 4 CTAs an SM: at most 128 registers (the both-directions kernel needs about that many);
-// columnwise alone 5 CTAs (96 registers, no spill; shared memory, 38 KB a CTA, allows no 6th),
-// so more tiles' loads are in flight (it measured 16-22 % achieved occupancy at 4);
+// Round to nearest: one direction 5 CTAs an SM (96 registers, no spill; shared memory, 38 KB
+// a CTA, allows no 6th), so more tiles' loads are in flight (they measured 16-22 % achieved
+// occupancy at 4); both directions 4 CTAs (128 registers; at 96 it spilled 64 bytes);
 // stochastic rounding, whose Philox calls keep more values live: rowwise 4 CTAs (it reads its
 // rows again from shared memory, encode_lane_sr), columnwise 3 (168 registers; 128 spilled)
 // and 2 (255) for both, where 168 spilled: it is bound by instructions, and the unrolled
@@ -704,7 +722,7 @@ __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lan
 template <class In, bool kRow, bool kCol, bool kSR, class Cast = NoCast>
 __global__ void __launch_bounds__(Tile16::kThreads,
                                   kSR ? (kRow && kCol ? 2 : (kRow ? 4 : 3))
-                                      : (std::is_same_v<Cast, NoCast> ? (kRow ? 4 : 5) : 3))
+                                      : (std::is_same_v<Cast, NoCast> ? (kRow && kCol ? 4 : 5) : 3))
     quantize_16bit_kernel(const __grid_constant__ QuantizeParams p, const qr_tensor_cast cast) {
   using T = Tile16;
   constexpr int R = T::kLaneRows;
@@ -802,12 +820,11 @@ __global__ void __launch_bounds__(Tile16::kThreads,
       }
     } else {
       load_lane_rows<In>(p, L.row, L.col, raw);
-      if constexpr (kSR) {  // encode_lane_sr reads the lane's rows from the input tile
+      // The encoders read the lane's rows from the input tile (tile_row).
 #pragma unroll
-        for (int i = 0; i < R; ++i)
-          *reinterpret_cast<uint4*>(&in_tile[buffer][lane_row + i][lane_col / 2]) =
-              make_uint4(raw[i].w[0], raw[i].w[1], raw[i].w[2], raw[i].w[3]);
-      }
+      for (int i = 0; i < R; ++i)
+        *reinterpret_cast<uint4*>(&in_tile[buffer][lane_row + i][lane_col / 2]) =
+            make_uint4(raw[i].w[0], raw[i].w[1], raw[i].w[2], raw[i].w[3]);
     }
     quantize_lane<In, kRow, kCol, kSR, Cast>(p, L, c16, raw,
                                              &in_tile[buffer][lane_row][lane_col / 2], row_s6,
