@@ -527,18 +527,22 @@ __device__ __forceinline__ void cast_run8(const float (&x)[8], float scale, std:
   hi = pair[2] | (pair[3] << 16);
 }
 
-// The lane's 8 rows of the cast: rows L.row .., columns L.col .. of data [rows, cols].
+// The lane's 8 rows of the cast: rows L.row .., columns L.col .. of data [rows, cols]. The
+// exact path casts `raw`, the fast path the lane's rows in the input tile (`in`, tile_row), so
+// that `raw` is dead after the amaxes there too.
 template <class In, class Cast, bool kExact>
 __device__ __forceinline__ void cast_lane(const QuantizeParams& p, const Lane16& L,
                                           const Cast16& c,
-                                          const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows]) {
+                                          const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows],
+                                          const std::uint32_t* in) {
   if constexpr (!std::is_same_v<Cast, NoCast>) {
 #pragma unroll
     for (int i = 0; i < Tile16::kLaneRows; ++i) {
       const std::int64_t r = L.row + i;
       if (kExact && (r >= p.rows || L.valid_cols == 0)) continue;
       float x[8];
-      sdk::cuda::decode_raw8<In>(raw[i], x);
+      if constexpr (kExact) sdk::cuda::decode_raw8<In>(raw[i], x);
+      else sdk::cuda::decode_raw8<In>(tile_row<In>(in, i), x);
       std::uint32_t lo, hi;
       cast_run8<Cast, kExact>(x, c.scale, lo, hi);
       const int valid = kExact ? L.valid_cols : 8;
@@ -559,7 +563,7 @@ __device__ __noinline__ void quantize_lane_exact(const QuantizeParams& p, const 
                                                  const Cast16 c) {
   sdk::cuda::Raw8<In> raw[Tile16::kLaneRows];
   load_lane_rows<In>(p, L.row, L.col, raw);
-  cast_lane<In, Cast, true>(p, L, c, raw);
+  cast_lane<In, Cast, true>(p, L, c, raw, nullptr);
   const float* row_table = s.row_table;
   const float* col_table = s.col_table;
   std::uint32_t col_words[8] = {}, own_row_codes = 0, own_col_codes = 0;
@@ -700,7 +704,7 @@ __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lan
     for (int k = 0; k < 8; ++k)
       col_enc[k] = __shfl_sync(kFullMask, own[k & 3], (L.lane & 15) | ((k >> 2) << 4));
   }
-  cast_lane<In, Cast, false>(p, L, c, raw);
+  cast_lane<In, Cast, false>(p, L, c, raw, in);
   if constexpr (kSR)
     encode_lane_sr<In, kRow, kCol>(p, L, raw, in, row_enc, col_enc, col_words);
   else if (__any_sync(kFullMask, !(reach < 7.0f)))
@@ -717,12 +721,13 @@ __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lan
 // rows again from shared memory, encode_lane_sr), columnwise 3 (168 registers; 128 spilled)
 // and 2 (255) for both, where 168 spilled: it is bound by instructions, and the unrolled
 // Philox calls give each warp independent work to hide latency with.
-// A kernel that also writes a per-tensor cast (the hybrid fusion) stores two directions: 3
-// CTAs (168 registers; at 128 it spilled 24 bytes).
+// A kernel that also writes a per-tensor cast (the hybrid fusion) stores two directions: 4
+// CTAs (128 registers, no spill, since its cast reads the input tile too; at 96 it spilled
+// 148 bytes).
 template <class In, bool kRow, bool kCol, bool kSR, class Cast = NoCast>
 __global__ void __launch_bounds__(Tile16::kThreads,
                                   kSR ? (kRow && kCol ? 2 : (kRow ? 4 : 3))
-                                      : (std::is_same_v<Cast, NoCast> ? (kRow && kCol ? 4 : 5) : 3))
+                                      : (std::is_same_v<Cast, NoCast> ? (kRow && kCol ? 4 : 5) : 4))
     quantize_16bit_kernel(const __grid_constant__ QuantizeParams p, const qr_tensor_cast cast) {
   using T = Tile16;
   constexpr int R = T::kLaneRows;
