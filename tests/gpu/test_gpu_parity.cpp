@@ -109,6 +109,10 @@ const OptionSet kOptionSets[] = {
     {"hybrid", "float8_rows_nvfp4_cols",  // hybrid_seed inputs
      "{format: hybrid, rowwise: {format: float8, scaling: current, dtype: e4m3}, "
      "columnwise: {format: nvfp4}}"},
+    // nvfp4's columnwise kernel with the e5m2 tensor cast (quantize_16bit_kernel<CastE5M2>).
+    {"hybrid", "float8_e5m2_rows_nvfp4_cols",
+     "{format: hybrid, rowwise: {format: float8, scaling: current, dtype: e5m2}, "
+     "columnwise: {format: nvfp4}}"},
     {"hybrid", "mxfp8_e5m2_rows_nvfp4_cols",  // hybrid_seed gradients (two calls: no tensor cast)
      "{format: hybrid, rowwise: {format: mxfp8, dtype: e5m2}, columnwise: {format: nvfp4}}"},
     // The cast's scale rule with pow2 and epsilon, into e5m2 codes.
