@@ -380,15 +380,11 @@ __device__ __forceinline__ void encode_lane_fast(
 // L.row + i at column L.col, those of column k the two groups of data row L.col + k of the
 // transposed output at column L.row (both 8-aligned). rules::sr_magnitude saturates itself, so
 // there is no kSaturate split; the signs come from the source words as in the nearest path.
-// The rowwise side reads the lane's source words again, a row at a time, from its rows in the
-// CTA's input tile (`in`: row i's 4 words at in + i * Tile16::kCols / 2) instead of `raw`, so
-// the rowwise-only kernel holds no more than a row of them across its Philox calls (124
-// registers: 4 CTAs an SM without spills, against 162 registers and 3 CTAs when it held all
-// 32). The columnwise side needs all 8 rows for every column and keeps `raw` (reading them
-// again there gained no CTA: it spilled at 128 registers either way).
+// The source words come again from the lane's rows in the CTA's input tile (`in`, tile_row):
+// a row at a time (rowwise) or one word of each of the 8 rows (columnwise: two columns), so
+// no more than that is held across the Philox calls.
 template <class In, bool kRow, bool kCol>
 __device__ __forceinline__ void encode_lane_sr(const QuantizeParams& p, const Lane16& L,
-                                               const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows],
                                                const std::uint32_t* in,
                                                const float (&row_enc)[Tile16::kLaneRows],
                                                const float (&col_enc)[8],
@@ -407,26 +403,35 @@ __device__ __forceinline__ void encode_lane_sr(const QuantizeParams& p, const La
     }
   }
   if constexpr (kCol) {
+    constexpr int kPitch = Tile16::kCols / 2;  // words of a tile row
+    // Not unrolled: a pair of columns (4 Philox calls) at a time bounds the values in flight.
+    // The run-time column k picks its encode factor and its code word by selects (constant
+    // register indices; an indexed array would go to local memory).
+#pragma unroll 1
+    for (int m = 0; m < 4; ++m) {  // columns 2m (low halves) and 2m + 1 (high halves)
+      std::uint32_t col[Tile16::kLaneRows];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      PhiloxWords r[2];
-      sr_words8(p.random, L.col + k, p.rows, L.row, r);
-      std::uint32_t word = 0;
+      for (int i = 0; i < Tile16::kLaneRows; ++i) col[i] = in[i * kPitch + m];
+      std::uint32_t signs[2];
+      column_signs(col, signs[0], signs[1]);
 #pragma unroll
-      for (int i = 0; i < Tile16::kLaneRows; ++i) {
-        float lo, hi;
-        Packed16<In>::to_f32(raw[i].w[k / 2], lo, hi);
-        const float x = k % 2 ? hi : lo;
-        word |= rules::sr_magnitude(fabsf(x) * col_enc[k], r[i / 4].w[i % 4]) << (4 * i);
+      for (int h = 0; h < 2; ++h) {
+        const int k = 2 * m + h;
+        float enc = col_enc[0];
+#pragma unroll
+        for (int j = 1; j < 8; ++j) enc = k == j ? col_enc[j] : enc;
+        PhiloxWords r[2];
+        sr_words8(p.random, L.col + k, p.rows, L.row, r);
+        std::uint32_t word = signs[h];  // the magnitudes (bits 0-2 of a nibble) below
+#pragma unroll
+        for (int i = 0; i < Tile16::kLaneRows; ++i) {
+          float lo, hi;
+          Packed16<In>::to_f32(col[i], lo, hi);
+          word |= rules::sr_magnitude(fabsf(h ? hi : lo) * enc, r[i / 4].w[i % 4]) << (4 * i);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) col_words[j] = k == j ? word : col_words[j];
       }
-      col_words[k] = word;
-    }
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      std::uint32_t lo, hi;
-      column_signs<In>(raw, m, lo, hi);
-      col_words[2 * m] |= lo;
-      col_words[2 * m + 1] |= hi;
     }
   }
 }
@@ -706,7 +711,7 @@ __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lan
   }
   cast_lane<In, Cast, false>(p, L, c, raw, in);
   if constexpr (kSR)
-    encode_lane_sr<In, kRow, kCol>(p, L, raw, in, row_enc, col_enc, col_words);
+    encode_lane_sr<In, kRow, kCol>(p, L, in, row_enc, col_enc, col_words);
   else if (__any_sync(kFullMask, !(reach < 7.0f)))
     encode_lane_fast<In, kRow, kCol, true>(p, L, in, row_enc, col_enc, col_words);
   else
@@ -717,16 +722,17 @@ __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lan
 // Round to nearest: one direction 5 CTAs an SM (96 registers, no spill; shared memory, 38 KB
 // a CTA, allows no 6th), so more tiles' loads are in flight (they measured 16-22 % achieved
 // occupancy at 4); both directions 4 CTAs (128 registers; at 96 it spilled 64 bytes);
-// stochastic rounding, whose Philox calls keep more values live: rowwise 4 CTAs (it reads its
-// rows again from shared memory, encode_lane_sr), columnwise 3 (168 registers; 128 spilled)
-// and 2 (255) for both, where 168 spilled: it is bound by instructions, and the unrolled
-// Philox calls give each warp independent work to hide latency with.
+// stochastic rounding, whose Philox calls keep more values live (encode_lane_sr reads the
+// source words again from shared memory and takes the columns a pair at a time): rowwise 4
+// CTAs (124 registers), columnwise 5 (96), both directions 3 (168; at 128 they spilled 64
+// bytes). It is bound by instructions: each warp's 4 Philox calls in flight, times 12 to 20
+// warps an SM, hide the latency of their dependent rounds.
 // A kernel that also writes a per-tensor cast (the hybrid fusion) stores two directions: 4
 // CTAs (128 registers, no spill, since its cast reads the input tile too; at 96 it spilled
 // 148 bytes).
 template <class In, bool kRow, bool kCol, bool kSR, class Cast = NoCast>
 __global__ void __launch_bounds__(Tile16::kThreads,
-                                  kSR ? (kRow && kCol ? 2 : (kRow ? 4 : 3))
+                                  kSR ? (kRow && kCol ? 3 : (kRow ? 4 : 5))
                                       : (std::is_same_v<Cast, NoCast> ? (kRow && kCol ? 4 : 5) : 4))
     quantize_16bit_kernel(const __grid_constant__ QuantizeParams p, const qr_tensor_cast cast) {
   using T = Tile16;
