@@ -390,16 +390,24 @@ __device__ __forceinline__ void encode_lane_sr(const QuantizeParams& p, const La
                                                const float (&col_enc)[8],
                                                std::uint32_t (&col_words)[8]) {
   if constexpr (kRow) {
+    // Not unrolled past a pair of rows (4 Philox calls), as the columns below.
+#pragma unroll 1
+    for (int i2 = 0; i2 < Tile16::kLaneRows; i2 += 2) {
 #pragma unroll
-    for (int i = 0; i < Tile16::kLaneRows; ++i) {
-      const sdk::cuda::Raw8<In> row = tile_row<In>(in, i);
-      float lo[4], hi[4];
+      for (int h = 0; h < 2; ++h) {
+        const int i = i2 + h;
+        float enc = row_enc[0];
 #pragma unroll
-      for (int m = 0; m < 4; ++m) Packed16<In>::to_f32(row.w[m], lo[m], hi[m]);
-      PhiloxWords r[2];
-      sr_words8(p.random, L.row + i, p.cols, L.col, r);
-      *reinterpret_cast<std::uint32_t*>(L.row_out + i * p.row_pitch) =
-          encode_run8_sr(row.w, lo, hi, row_enc[i], r);
+        for (int j = 1; j < Tile16::kLaneRows; ++j) enc = i == j ? row_enc[j] : enc;
+        const sdk::cuda::Raw8<In> row = tile_row<In>(in, i);
+        float lo[4], hi[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) Packed16<In>::to_f32(row.w[m], lo[m], hi[m]);
+        PhiloxWords r[2];
+        sr_words8(p.random, L.row + i, p.cols, L.col, r);
+        *reinterpret_cast<std::uint32_t*>(L.row_out + i * p.row_pitch) =
+            encode_run8_sr(row.w, lo, hi, enc, r);
+      }
     }
   }
   if constexpr (kCol) {
@@ -723,16 +731,16 @@ __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lan
 // a CTA, allows no 6th), so more tiles' loads are in flight (they measured 16-22 % achieved
 // occupancy at 4); both directions 4 CTAs (128 registers; at 96 it spilled 64 bytes);
 // stochastic rounding, whose Philox calls keep more values live (encode_lane_sr reads the
-// source words again from shared memory and takes the columns a pair at a time): rowwise 4
-// CTAs (124 registers), columnwise 5 (96), both directions 3 (168; at 128 they spilled 64
-// bytes). It is bound by instructions: each warp's 4 Philox calls in flight, times 12 to 20
-// warps an SM, hide the latency of their dependent rounds.
+// source words again from shared memory and takes rows and columns a pair at a time): one
+// direction 5 CTAs (96 registers), both directions 3 (168; at 128 they spilled 64 bytes). It
+// is bound by instructions: each warp's 4 Philox calls in flight, times 12 to 20 warps an SM,
+// hide the latency of their dependent rounds.
 // A kernel that also writes a per-tensor cast (the hybrid fusion) stores two directions: 4
 // CTAs (128 registers, no spill, since its cast reads the input tile too; at 96 it spilled
 // 148 bytes).
 template <class In, bool kRow, bool kCol, bool kSR, class Cast = NoCast>
 __global__ void __launch_bounds__(Tile16::kThreads,
-                                  kSR ? (kRow && kCol ? 3 : (kRow ? 4 : 5))
+                                  kSR ? (kRow && kCol ? 3 : 5)
                                       : (std::is_same_v<Cast, NoCast> ? (kRow && kCol ? 4 : 5) : 4))
     quantize_16bit_kernel(const __grid_constant__ QuantizeParams p, const qr_tensor_cast cast) {
   using T = Tile16;
