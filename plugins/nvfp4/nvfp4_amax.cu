@@ -110,8 +110,14 @@ __global__ void __launch_bounds__(Tile::kThreads)
     float v[kBlock];
 #pragma unroll
     for (int j = 0; j < kBlock; ++j) v[j] = tile[i * kBlock + j][c];
-    hadamard16_bf16(v);
-    transformed = block_stats(v).amax;
+    // max |round_to_bf16(v[j])| as round_to_bf16(max |v[j]|): RNE is odd and monotone, so the
+    // largest magnitude rounds to the largest rounded magnitude (NaN is ignored either way, and
+    // rounds to NaN), one rounding a run instead of 16 (the kernel is bound by instructions).
+    hadamard16_fp32(v);
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kBlock; ++j) m = fmaxf(m, num::abs_f(v[j]));  // fmaxf ignores NaN
+    transformed = num::round_to_bf16(m);
   }
   const float block_plain = block_max<Tile::kThreads>(plain);
   const float block_transformed = block_max<Tile::kThreads>(transformed);

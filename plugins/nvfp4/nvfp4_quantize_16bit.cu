@@ -282,35 +282,61 @@ __device__ __forceinline__ void sr_words8(const RandomStream& random, std::int64
 
 // The sign bits of the lane's columns 2m (lo) and 2m + 1 (hi) over its 8 rows, as they sit in
 // packed column codes (row 2j in bit 3 of byte j, row 2j + 1 in bit 7).
-template <class In>
-__device__ __forceinline__ void column_signs(const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows],
-                                             int m, std::uint32_t& lo, std::uint32_t& hi) {
+// From the lane's word m of each of its 8 rows (col[i] = raw[i].w[m]).
+__device__ __forceinline__ void column_signs(const std::uint32_t (&col)[Tile16::kLaneRows],
+                                             std::uint32_t& lo, std::uint32_t& hi) {
   // [sign(a.lo), sign(b.lo), sign(a.hi), sign(b.hi)] of two rows' words a, b.
   constexpr std::uint32_t kTwoRows = 0xFBD9u;
-  const std::uint32_t e04 = prmt(raw[0].w[m], raw[2].w[m], kTwoRows);
-  const std::uint32_t e48 = prmt(raw[4].w[m], raw[6].w[m], kTwoRows);
-  const std::uint32_t o04 = prmt(raw[1].w[m], raw[3].w[m], kTwoRows);
-  const std::uint32_t o48 = prmt(raw[5].w[m], raw[7].w[m], kTwoRows);
+  const std::uint32_t e04 = prmt(col[0], col[2], kTwoRows);
+  const std::uint32_t e48 = prmt(col[4], col[6], kTwoRows);
+  const std::uint32_t o04 = prmt(col[1], col[3], kTwoRows);
+  const std::uint32_t o48 = prmt(col[5], col[7], kTwoRows);
   lo = (prmt(e04, e48, 0x5410u) & 0x08080808u) | (prmt(o04, o48, 0x5410u) & 0x80808080u);
   hi = (prmt(e04, e48, 0x7632u) & 0x08080808u) | (prmt(o04, o48, 0x7632u) & 0x80808080u);
 }
 
+template <class In>
+__device__ __forceinline__ void column_signs(const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows],
+                                             int m, std::uint32_t& lo, std::uint32_t& hi) {
+  std::uint32_t col[Tile16::kLaneRows];
+#pragma unroll
+  for (int i = 0; i < Tile16::kLaneRows; ++i) col[i] = raw[i].w[m];
+  column_signs(col, lo, hi);
+}
+
 // Encodes the lane's 64 elements when no NaN is among them: row codes stored, column code
 // words returned in col_words (column k: row i in nibble i).
+// The lane's row i (4 words) from its rows in the CTA's input tile (row i at in + i * 64).
+template <class In>
+__device__ __forceinline__ sdk::cuda::Raw8<In> tile_row(const std::uint32_t* in, int i) {
+  const uint4 v = *reinterpret_cast<const uint4*>(in + i * (Tile16::kCols / 2));
+  sdk::cuda::Raw8<In> r;
+  r.w[0] = v.x;
+  r.w[1] = v.y;
+  r.w[2] = v.z;
+  r.w[3] = v.w;
+  return r;
+}
+
+// The source words come again from the lane's rows in the CTA's input tile (`in`, tile_row), a
+// row at a time, instead of from registers held since the amaxes: the 32 registers of the
+// lane's 64 elements then live only through the amax step, which lets the round-to-nearest
+// kernels run 5 CTAs an SM (96 registers) without spilling.
 template <class In, bool kRow, bool kCol, bool kSaturate>
 __device__ __forceinline__ void encode_lane_fast(
-    const QuantizeParams& p, const Lane16& L, const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows],
+    const QuantizeParams& p, const Lane16& L, const std::uint32_t* in,
     const float (&row_enc)[Tile16::kLaneRows], const float (&col_enc)[8],
     std::uint32_t (&col_words)[8]) {
   std::uint32_t even_row[8];  // magnitude bytes of the last even row, per column
 #pragma unroll
   for (int i = 0; i < Tile16::kLaneRows; ++i) {
+    const sdk::cuda::Raw8<In> row = tile_row<In>(in, i);
     float lo[4], hi[4];
 #pragma unroll
-    for (int m = 0; m < 4; ++m) Packed16<In>::to_f32(raw[i].w[m], lo[m], hi[m]);
+    for (int m = 0; m < 4; ++m) Packed16<In>::to_f32(row.w[m], lo[m], hi[m]);
     if constexpr (kRow) {
       *reinterpret_cast<std::uint32_t*>(L.row_out + i * p.row_pitch) =
-          encode_run8<kSaturate>(raw[i].w, lo, hi, row_enc[i], p.two_pow_10);
+          encode_run8<kSaturate>(row.w, lo, hi, row_enc[i], p.two_pow_10);
     }
     if constexpr (kCol) {
 #pragma unroll
@@ -336,10 +362,13 @@ __device__ __forceinline__ void encode_lane_fast(
     }
   }
   if constexpr (kCol) {
+    sdk::cuda::Raw8<In> rows[Tile16::kLaneRows];
+#pragma unroll
+    for (int i = 0; i < Tile16::kLaneRows; ++i) rows[i] = tile_row<In>(in, i);
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
       std::uint32_t lo, hi;
-      column_signs<In>(raw, m, lo, hi);
+      column_signs<In>(rows, m, lo, hi);
       col_words[2 * m] |= lo;
       col_words[2 * m + 1] |= hi;
     }
@@ -351,44 +380,66 @@ __device__ __forceinline__ void encode_lane_fast(
 // L.row + i at column L.col, those of column k the two groups of data row L.col + k of the
 // transposed output at column L.row (both 8-aligned). rules::sr_magnitude saturates itself, so
 // there is no kSaturate split; the signs come from the source words as in the nearest path.
+// The source words come again from the lane's rows in the CTA's input tile (`in`, tile_row):
+// a row at a time (rowwise) or one word of each of the 8 rows (columnwise: two columns), so
+// no more than that is held across the Philox calls.
 template <class In, bool kRow, bool kCol>
-__device__ __forceinline__ void encode_lane_sr(
-    const QuantizeParams& p, const Lane16& L, const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows],
-    const float (&row_enc)[Tile16::kLaneRows], const float (&col_enc)[8],
-    std::uint32_t (&col_words)[8]) {
+__device__ __forceinline__ void encode_lane_sr(const QuantizeParams& p, const Lane16& L,
+                                               const std::uint32_t* in,
+                                               const float (&row_enc)[Tile16::kLaneRows],
+                                               const float (&col_enc)[8],
+                                               std::uint32_t (&col_words)[8]) {
   if constexpr (kRow) {
+    // Not unrolled past a pair of rows (4 Philox calls), as the columns below.
+#pragma unroll 1
+    for (int i2 = 0; i2 < Tile16::kLaneRows; i2 += 2) {
 #pragma unroll
-    for (int i = 0; i < Tile16::kLaneRows; ++i) {
-      float lo[4], hi[4];
+      for (int h = 0; h < 2; ++h) {
+        const int i = i2 + h;
+        float enc = row_enc[0];
 #pragma unroll
-      for (int m = 0; m < 4; ++m) Packed16<In>::to_f32(raw[i].w[m], lo[m], hi[m]);
-      PhiloxWords r[2];
-      sr_words8(p.random, L.row + i, p.cols, L.col, r);
-      *reinterpret_cast<std::uint32_t*>(L.row_out + i * p.row_pitch) =
-          encode_run8_sr(raw[i].w, lo, hi, row_enc[i], r);
+        for (int j = 1; j < Tile16::kLaneRows; ++j) enc = i == j ? row_enc[j] : enc;
+        const sdk::cuda::Raw8<In> row = tile_row<In>(in, i);
+        float lo[4], hi[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) Packed16<In>::to_f32(row.w[m], lo[m], hi[m]);
+        PhiloxWords r[2];
+        sr_words8(p.random, L.row + i, p.cols, L.col, r);
+        *reinterpret_cast<std::uint32_t*>(L.row_out + i * p.row_pitch) =
+            encode_run8_sr(row.w, lo, hi, enc, r);
+      }
     }
   }
   if constexpr (kCol) {
+    constexpr int kPitch = Tile16::kCols / 2;  // words of a tile row
+    // Not unrolled: a pair of columns (4 Philox calls) at a time bounds the values in flight.
+    // The run-time column k picks its encode factor and its code word by selects (constant
+    // register indices; an indexed array would go to local memory).
+#pragma unroll 1
+    for (int m = 0; m < 4; ++m) {  // columns 2m (low halves) and 2m + 1 (high halves)
+      std::uint32_t col[Tile16::kLaneRows];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      PhiloxWords r[2];
-      sr_words8(p.random, L.col + k, p.rows, L.row, r);
-      std::uint32_t word = 0;
+      for (int i = 0; i < Tile16::kLaneRows; ++i) col[i] = in[i * kPitch + m];
+      std::uint32_t signs[2];
+      column_signs(col, signs[0], signs[1]);
 #pragma unroll
-      for (int i = 0; i < Tile16::kLaneRows; ++i) {
-        float lo, hi;
-        Packed16<In>::to_f32(raw[i].w[k / 2], lo, hi);
-        const float x = k % 2 ? hi : lo;
-        word |= rules::sr_magnitude(fabsf(x) * col_enc[k], r[i / 4].w[i % 4]) << (4 * i);
+      for (int h = 0; h < 2; ++h) {
+        const int k = 2 * m + h;
+        float enc = col_enc[0];
+#pragma unroll
+        for (int j = 1; j < 8; ++j) enc = k == j ? col_enc[j] : enc;
+        PhiloxWords r[2];
+        sr_words8(p.random, L.col + k, p.rows, L.row, r);
+        std::uint32_t word = signs[h];  // the magnitudes (bits 0-2 of a nibble) below
+#pragma unroll
+        for (int i = 0; i < Tile16::kLaneRows; ++i) {
+          float lo, hi;
+          Packed16<In>::to_f32(col[i], lo, hi);
+          word |= rules::sr_magnitude(fabsf(h ? hi : lo) * enc, r[i / 4].w[i % 4]) << (4 * i);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) col_words[j] = k == j ? word : col_words[j];
       }
-      col_words[k] = word;
-    }
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      std::uint32_t lo, hi;
-      column_signs<In>(raw, m, lo, hi);
-      col_words[2 * m] |= lo;
-      col_words[2 * m + 1] |= hi;
     }
   }
 }
@@ -489,18 +540,22 @@ __device__ __forceinline__ void cast_run8(const float (&x)[8], float scale, std:
   hi = pair[2] | (pair[3] << 16);
 }
 
-// The lane's 8 rows of the cast: rows L.row .., columns L.col .. of data [rows, cols].
+// The lane's 8 rows of the cast: rows L.row .., columns L.col .. of data [rows, cols]. The
+// exact path casts `raw`, the fast path the lane's rows in the input tile (`in`, tile_row), so
+// that `raw` is dead after the amaxes there too.
 template <class In, class Cast, bool kExact>
 __device__ __forceinline__ void cast_lane(const QuantizeParams& p, const Lane16& L,
                                           const Cast16& c,
-                                          const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows]) {
+                                          const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows],
+                                          const std::uint32_t* in) {
   if constexpr (!std::is_same_v<Cast, NoCast>) {
 #pragma unroll
     for (int i = 0; i < Tile16::kLaneRows; ++i) {
       const std::int64_t r = L.row + i;
       if (kExact && (r >= p.rows || L.valid_cols == 0)) continue;
       float x[8];
-      sdk::cuda::decode_raw8<In>(raw[i], x);
+      if constexpr (kExact) sdk::cuda::decode_raw8<In>(raw[i], x);
+      else sdk::cuda::decode_raw8<In>(tile_row<In>(in, i), x);
       std::uint32_t lo, hi;
       cast_run8<Cast, kExact>(x, c.scale, lo, hi);
       const int valid = kExact ? L.valid_cols : 8;
@@ -521,7 +576,7 @@ __device__ __noinline__ void quantize_lane_exact(const QuantizeParams& p, const 
                                                  const Cast16 c) {
   sdk::cuda::Raw8<In> raw[Tile16::kLaneRows];
   load_lane_rows<In>(p, L.row, L.col, raw);
-  cast_lane<In, Cast, true>(p, L, c, raw);
+  cast_lane<In, Cast, true>(p, L, c, raw, nullptr);
   const float* row_table = s.row_table;
   const float* col_table = s.col_table;
   std::uint32_t col_words[8] = {}, own_row_codes = 0, own_col_codes = 0;
@@ -586,10 +641,13 @@ __device__ __noinline__ void quantize_lane_exact(const QuantizeParams& p, const 
 }
 
 // The lane's part of one tile: row codes stored, column codes and scale bytes staged.
+// `in`: the lane's rows in the CTA's input tile (the same values as raw; encode_lane_sr reads
+// them from there).
 template <class In, bool kRow, bool kCol, bool kSR, class Cast>
 __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lane16& L, const Cast16& c,
                                               const sdk::cuda::Raw8<In> (&raw)[Tile16::kLaneRows],
-                                              float row_s6, float col_s6, const Stage16& s) {
+                                              const std::uint32_t* in, float row_s6,
+                                              float col_s6, const Stage16& s) {
   const float* row_table = s.row_table;
   const float* col_table = s.col_table;
   std::uint32_t col_words[8] = {}, own_row_codes = 0, own_col_codes = 0;
@@ -659,26 +717,31 @@ __device__ __forceinline__ void quantize_lane(const QuantizeParams& p, const Lan
     for (int k = 0; k < 8; ++k)
       col_enc[k] = __shfl_sync(kFullMask, own[k & 3], (L.lane & 15) | ((k >> 2) << 4));
   }
-  cast_lane<In, Cast, false>(p, L, c, raw);
+  cast_lane<In, Cast, false>(p, L, c, raw, in);
   if constexpr (kSR)
-    encode_lane_sr<In, kRow, kCol>(p, L, raw, row_enc, col_enc, col_words);
+    encode_lane_sr<In, kRow, kCol>(p, L, in, row_enc, col_enc, col_words);
   else if (__any_sync(kFullMask, !(reach < 7.0f)))
-    encode_lane_fast<In, kRow, kCol, true>(p, L, raw, row_enc, col_enc, col_words);
+    encode_lane_fast<In, kRow, kCol, true>(p, L, in, row_enc, col_enc, col_words);
   else
-    encode_lane_fast<In, kRow, kCol, false>(p, L, raw, row_enc, col_enc, col_words);
+    encode_lane_fast<In, kRow, kCol, false>(p, L, in, row_enc, col_enc, col_words);
   stage_lane<kRow, kCol>(L, s, col_words, own_row_codes, own_col_codes);
 }
 
-// 4 CTAs an SM: at most 128 registers (the both-directions kernel needs about that many);
-// stochastic rounding, whose Philox calls keep more values live, 3 CTAs (168 registers) for one
-// direction and 2 (255) for both, where 168 spilled: it is bound by instructions, and the
-// unrolled Philox calls give each warp independent work to hide latency with.
-// A kernel that also writes a per-tensor cast (the hybrid fusion) stores two directions: 3
-// CTAs (168 registers; at 128 it spilled 24 bytes).
+// Round to nearest: one direction 5 CTAs an SM (96 registers, no spill; shared memory, 38 KB
+// a CTA, allows no 6th), so more tiles' loads are in flight (they measured 16-22 % achieved
+// occupancy at 4); both directions 4 CTAs (128 registers; at 96 it spilled 64 bytes);
+// stochastic rounding, whose Philox calls keep more values live (encode_lane_sr reads the
+// source words again from shared memory and takes rows and columns a pair at a time): one
+// direction 5 CTAs (96 registers), both directions 3 (168; at 128 they spilled 64 bytes). It
+// is bound by instructions: each warp's 4 Philox calls in flight, times 12 to 20 warps an SM,
+// hide the latency of their dependent rounds.
+// A kernel that also writes a per-tensor cast (the hybrid fusion) stores two directions: 4
+// CTAs (128 registers, no spill, since its cast reads the input tile too; at 96 it spilled
+// 148 bytes).
 template <class In, bool kRow, bool kCol, bool kSR, class Cast = NoCast>
 __global__ void __launch_bounds__(Tile16::kThreads,
-                                  kSR ? (kRow && kCol ? 2 : 3)
-                                      : (std::is_same_v<Cast, NoCast> ? 4 : 3))
+                                  kSR ? (kRow && kCol ? 3 : 5)
+                                      : (std::is_same_v<Cast, NoCast> ? (kRow && kCol ? 4 : 5) : 4))
     quantize_16bit_kernel(const __grid_constant__ QuantizeParams p, const qr_tensor_cast cast) {
   using T = Tile16;
   constexpr int R = T::kLaneRows;
@@ -776,8 +839,15 @@ __global__ void __launch_bounds__(Tile16::kThreads,
       }
     } else {
       load_lane_rows<In>(p, L.row, L.col, raw);
+      // The encoders read the lane's rows from the input tile (tile_row).
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+        *reinterpret_cast<uint4*>(&in_tile[buffer][lane_row + i][lane_col / 2]) =
+            make_uint4(raw[i].w[0], raw[i].w[1], raw[i].w[2], raw[i].w[3]);
     }
-    quantize_lane<In, kRow, kCol, kSR, Cast>(p, L, c16, raw, row_s6, col_s6, stage);
+    quantize_lane<In, kRow, kCol, kSR, Cast>(p, L, c16, raw,
+                                             &in_tile[buffer][lane_row][lane_col / 2], row_s6,
+                                             col_s6, stage);
     __syncthreads();
     const std::int64_t row0 = t.row0(), col0 = t.col0();
     const int valid_rows = valid_in_run(row0, p.rows, T::kRows);

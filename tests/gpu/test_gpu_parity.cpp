@@ -109,6 +109,10 @@ const OptionSet kOptionSets[] = {
     {"hybrid", "float8_rows_nvfp4_cols",  // hybrid_seed inputs
      "{format: hybrid, rowwise: {format: float8, scaling: current, dtype: e4m3}, "
      "columnwise: {format: nvfp4}}"},
+    // nvfp4's columnwise kernel with the e5m2 tensor cast (quantize_16bit_kernel<CastE5M2>).
+    {"hybrid", "float8_e5m2_rows_nvfp4_cols",
+     "{format: hybrid, rowwise: {format: float8, scaling: current, dtype: e5m2}, "
+     "columnwise: {format: nvfp4}}"},
     {"hybrid", "mxfp8_e5m2_rows_nvfp4_cols",  // hybrid_seed gradients (two calls: no tensor cast)
      "{format: hybrid, rowwise: {format: mxfp8, dtype: e5m2}, columnwise: {format: nvfp4}}"},
     // The cast's scale rule with pow2 and epsilon, into e5m2 codes.
@@ -138,8 +142,13 @@ struct Shape {
   std::int64_t rows, cols;
 };
 // {144, 99}: partial 64-row tiles with whole 16-row blocks (M % 16 == 0, for nvfp4 hadamard).
-const Shape kShapes[] = {{1, 1},     {1, 17},     {31, 33},    {128, 128},   {129, 257},
-                         {256, 1024}, {1000, 999}, {4096, 4096}, {0, 16},     {144, 99}};
+// {2192, 3072}: more tiles than a persistent grid holds on a 132-SM GPU (432 of blockwise's
+// 128 x 128 against 2 CTAs an SM, 840 of nvfp4's 64 x 128 against up to 5), so CTAs loop and
+// prefetch; aligned, with a last row of partial tiles (2192 = 17 x 128 + 16 = 34 x 64 + 16)
+// the loop reaches after interior ones, and M % 16 == 0 for nvfp4 hadamard.
+const Shape kShapes[] = {{1, 1},      {1, 17},     {31, 33},     {128, 128},
+                         {129, 257},  {256, 1024}, {1000, 999},  {4096, 4096},
+                         {0, 16},     {144, 99},   {2192, 3072}};
 
 // Inputs: `normal` N(0,1); `outliers` N(0,1) with one element in 997 scaled by 1000;
 // `special` N(0,1) with NaN, +-0 and f32/bf16 denormals sprinkled in (amax stays finite);
@@ -157,9 +166,12 @@ const char* kind_name(Kind k) {
 
 // The CPU reference of a 4096x4096 tensor takes a while: there only f32 outliers and bf16
 // normal run (each source dtype once, and both ways the scale is decided); special values
-// and the other combinations are covered by every smaller shape.
+// and the other combinations are covered by every smaller shape. Up to 2^23 elements (the
+// looping persistent grids of the 16-bit kernels) bf16 special runs too, so NaN reaches the
+// prefetched tiles of a looping CTA.
 bool runs(const Shape& s, DType src, Kind k) {
   if (s.rows * s.cols <= (1 << 20)) return true;
+  if (s.rows * s.cols <= (1 << 23) && src == DType::bf16 && k == Kind::special) return true;
   return (src == DType::f32 && k == Kind::outliers) || (src == DType::bf16 && k == Kind::normal);
 }
 
