@@ -86,20 +86,30 @@ def target_of(recipe: str, experts: int, tokens_each: int):
 
 # ---------------------------------------------------------------- table 1: grouped GEMMs
 
-def bench_grouped_config(experts: int, tokens_each: int, n_in: int, n_out: int, recipes: list,
-                         torchao_mm, args) -> list:
+def expert_layer(experts: int, tokens_each: int, n_in: int, n_out: int, name: str):
+    """One configuration's inputs (uneven routing, seeded), the GroupedLinear and the same
+    weights for the baselines: (splits, x, dy, grouped, w3, splits_dev, offs).
+    profile_grouped_linear.py builds its steps from this too."""
     tokens = experts * tokens_each
     splits = routed_splits(experts, tokens, seed=experts * 7 + tokens_each)
     torch.manual_seed(0)
     x = torch.randn(tokens, n_in, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(tokens, n_out, device="cuda", dtype=torch.bfloat16)
     grouped = qrecipe.nn.GroupedLinear(experts, n_in, n_out, bias=False, device="cuda",
-                                       dtype=torch.bfloat16, name="bench.experts")
+                                       dtype=torch.bfloat16, name=name)
     # The baselines read the same weights: [E, out, in] sharing the module's storage, passed
     # to the grouped GEMMs as [E, in, out] views (column-major per expert).
     w3 = torch.nn.Parameter(grouped.weight.detach().view(experts, n_out, n_in))
     splits_dev = torch.tensor(splits, device="cuda", dtype=torch.int64)
     offs = torch.cumsum(splits_dev, 0).to(torch.int32)
+    return splits, x, dy, grouped, w3, splits_dev, offs
+
+
+def bench_grouped_config(experts: int, tokens_each: int, n_in: int, n_out: int, recipes: list,
+                         torchao_mm, args) -> list:
+    tokens = experts * tokens_each
+    splits, x, dy, grouped, w3, splits_dev, offs = expert_layer(experts, tokens_each, n_in, n_out,
+                                                                "bench.experts")
 
     def bf16_step():
         y = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offs)

@@ -28,23 +28,15 @@ from collections import defaultdict
 import torch
 
 import qrecipe
-from bench_grouped_linear import routed_splits  # the benchmark's routing (this folder)
+from bench_grouped_linear import expert_layer  # the benchmark's layer and inputs (this folder)
 
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 
 
 def steps_of(config: str, recipes: list):
     experts, tokens_each, n_in, n_out = (int(v) for v in config.split("x"))
-    tokens = experts * tokens_each
-    splits = routed_splits(experts, tokens, seed=experts * 7 + tokens_each)
-    torch.manual_seed(0)
-    x = torch.randn(tokens, n_in, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(tokens, n_out, device="cuda", dtype=torch.bfloat16)
-    grouped = qrecipe.nn.GroupedLinear(experts, n_in, n_out, bias=False, device="cuda",
-                                       dtype=torch.bfloat16, name="profile.experts")
-    w3 = torch.nn.Parameter(grouped.weight.detach().view(experts, n_out, n_in))
-    splits_dev = torch.tensor(splits, device="cuda", dtype=torch.int64)
-    offs = torch.cumsum(splits_dev, 0).to(torch.int32)
+    _, x, dy, grouped, w3, splits_dev, offs = expert_layer(experts, tokens_each, n_in, n_out,
+                                                           "profile.experts")
 
     def bf16_step():
         y = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offs)
