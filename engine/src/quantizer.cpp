@@ -156,6 +156,8 @@ void Quantizer::quantize_into(const TensorView& src, QuantizedTensor& dst,
                               const QuantizeOptions& options) const {
   check_source(src, dst.rows(), dst.cols());
   QR_CHECK(dst.usage() != 0, context("quantize_into", &src), ": destination holds no direction");
+  // New bytes: a decoded copy kept for emulated GEMMs would be stale.
+  dst.invalidate_decoded();
   qr_quantize_args args{};
   args.struct_size = sizeof(qr_quantize_args);
   args.usage = dst.usage();

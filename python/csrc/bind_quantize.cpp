@@ -458,6 +458,28 @@ void bind_quantize(py::module_& m) {
            "One direction as ONE uint8 tensor ([scale | amax | data]): an alias of its memory "
            "when it was quantized on its own, else a packed copy.")
       .def("drop", [](PyQuantized& q, const std::string& d) { q.tensor->drop(parse_direction(d)); })
+      .def_property("keep_decoded", [](const PyQuantized& q) { return q.tensor->keeps_decoded(); },
+                    [](PyQuantized& q, bool on) { q.tensor->set_keep_decoded(on); },
+                    "Whether GEMMs keep each direction they decode with this tensor and reuse it "
+                    "(docs/gemm.md, 'Decoded operands kept across GEMMs'); off by default. Only "
+                    "for bytes nothing writes behind the engine's back: requantize drops the "
+                    "copies, a write through an alias of data() needs invalidate_decoded().")
+      .def("decoded_directions", [](const PyQuantized& q) {
+        std::vector<std::string> out;
+        for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
+          if (q.tensor->decoded(d).values) out.emplace_back(direction_name(d));
+        return out;
+      }, "The directions whose decoded copy is kept now (see keep_decoded).")
+      .def("decoded_bytes", [](const PyQuantized& q) {
+        std::size_t total = 0;
+        for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+          const DecodedCopy copy = q.tensor->decoded(d);
+          if (copy.values) total += copy.values->bytes();
+        }
+        return total;
+      }, "Bytes the kept decoded copies hold (see keep_decoded).")
+      .def("invalidate_decoded", [](PyQuantized& q) { q.tensor->invalidate_decoded(); },
+           "Drops the kept decoded copies (after writing the bytes through an alias).")
       .def("requantize", [](PyQuantized& q, const at::Tensor& src, const AmaxArg& amax) {
         // In place, into the buffers it holds: every alias of the bytes sees the new values.
         const TensorView view = to_view(src, "tensor to requantize");
