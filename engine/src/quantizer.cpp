@@ -152,19 +152,30 @@ QuantizedTensor Quantizer::quantize(const TensorView& src, std::uint32_t usage,
   return out;
 }
 
+namespace {
+
+// The plugin's arguments of one quantize call into `usage` (the host amax, if any; a device
+// amax is the caller's business).
+qr_quantize_args quantize_args(std::uint32_t usage, const QuantizeOptions& options) {
+  qr_quantize_args args{};
+  args.struct_size = sizeof(qr_quantize_args);
+  args.usage = usage;
+  args.amax = options.amax ? options.amax->data() : nullptr;
+  args.has_rng_offset = options.rng_offset.has_value() ? 1 : 0;
+  args.rng_offset = options.rng_offset.value_or(0);
+  args.stream = options.stream;
+  return args;
+}
+
+}  // namespace
+
 void Quantizer::quantize_into(const TensorView& src, QuantizedTensor& dst,
                               const QuantizeOptions& options) const {
   check_source(src, dst.rows(), dst.cols());
   QR_CHECK(dst.usage() != 0, context("quantize_into", &src), ": destination holds no direction");
   // New bytes: a decoded copy kept for emulated GEMMs would be stale.
   dst.invalidate_decoded();
-  qr_quantize_args args{};
-  args.struct_size = sizeof(qr_quantize_args);
-  args.usage = dst.usage();
-  args.amax = options.amax ? options.amax->data() : nullptr;
-  args.has_rng_offset = options.rng_offset.has_value() ? 1 : 0;
-  args.rng_offset = options.rng_offset.value_or(0);
-  args.stream = options.stream;
+  qr_quantize_args args = quantize_args(dst.usage(), options);
   // Built only on the error paths (the hot path makes no string).
   const auto where = [&] {
     return context("quantize", &src) + " (" + usage_str(dst.usage()) + ")";
@@ -204,13 +215,7 @@ bool Quantizer::quantize_decoded_into(const TensorView& src, QuantizedTensor& ds
   check_source(src, dst.rows(), dst.cols());
   QR_CHECK(dst.usage() != 0, context("quantize_decoded", &src), ": destination holds no direction");
   dst.invalidate_decoded();
-  qr_quantize_args args{};
-  args.struct_size = sizeof(qr_quantize_args);
-  args.usage = dst.usage();
-  args.amax = options.amax ? options.amax->data() : nullptr;
-  args.has_rng_offset = options.rng_offset.has_value() ? 1 : 0;
-  args.rng_offset = options.rng_offset.value_or(0);
-  args.stream = options.stream;
+  qr_quantize_args args = quantize_args(dst.usage(), options);
   try {
     throw_if_error(fn(handle_, &src.c(), &args, &dst.c(), &decoded),
                    context("quantize_decoded", &src) + " (" + usage_str(dst.usage()) + ")");
