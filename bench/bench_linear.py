@@ -29,6 +29,10 @@ clock and power drifts of the GPU hit all of them alike:
                  is the adapter's cost (Python, autograd, launch gaps); engine - floor is the
                  kernels' (quantization kernels against a copy, engine GEMMs against raw ones)
   bf16 step      the same step of torch.nn.Linear in BF16
+  micro-batch    the qrecipe step of a later micro-batch (is_first_microbatch=False): the
+                 weight's quantization and, for emulated GEMMs, its decoded copies kept
+                 from a first call (weight_cache.py); reported as microbatch_ms and
+                 microbatch_ratio_to_bf16
 
   ms             median ms per step of --samples batches of --steps calls (CUDA events)
   ratio_to floor median over the rounds of floor ms / step ms (1.0 = nothing but the
@@ -187,7 +191,10 @@ def quantization_bytes(quantizer, q, tensor: torch.Tensor) -> int:
 
 
 # ---------------------------------------------------------------- steps
-def linear_step(module, x, dy, recipe):
+def linear_step(module, x, dy, recipe, is_first_microbatch=None):
+    """One step; is_first_microbatch=False: a later micro-batch of a gradient-accumulation
+    step, reusing the weight kept by a call with True (weight_cache.py: the quantized weight
+    and, for emulated GEMMs, its decoded copies)."""
     def step():
         x.grad = None
         module.weight.grad = None
@@ -195,7 +202,7 @@ def linear_step(module, x, dy, recipe):
             y = module(x)
         else:
             with qrecipe.autocast(recipe):
-                y = module(x)
+                y = module(x, is_first_microbatch=is_first_microbatch)
         y.backward(dy)
     return step
 
@@ -321,7 +328,11 @@ def bench_recipe(name, tensors, reference, args, bf16_samples: list) -> list:
         module.roles(recipe, tokens).plan, dy, tokens * features * features)
     engine = engine_step(recipe, plan, {"x": x.detach(), "w": module.weight.detach(), "dy": dy},
                          two_streams)
-    sequences = {"step": linear_step(module, x, dy, recipe), "floor": floor.run,
+    # A later micro-batch: the weight (and its decoded copies) kept by one call with True.
+    linear_step(module, x, dy, recipe, is_first_microbatch=True)()
+    sequences = {"step": linear_step(module, x, dy, recipe),
+                 "micro": linear_step(module, x, dy, recipe, is_first_microbatch=False),
+                 "floor": floor.run,
                  "gemms": floor.gemms, "engine": engine,
                  "bf16": linear_step(reference, x, dy, None)}
     if two_streams:
@@ -336,12 +347,15 @@ def bench_recipe(name, tensors, reference, args, bf16_samples: list) -> list:
     bf16_ms = statistics.median(times["bf16"])
     to_floor = paired_ratio(times["floor"], times["step"])
     to_bf16 = paired_ratio(times["bf16"], times["step"])
+    micro_ms = statistics.median(times["micro"])
+    micro_to_bf16 = paired_ratio(times["bf16"], times["micro"])
     emulated = [g for g in GEMMS if plan[g].path == _C.GemmPath.emulated]
     common = {"kind": "layer", "format": name, "shape": [tokens, features, features],
               "ms": ms, "value": flops / ms / 1e9, "unit": "TFLOP/s",
               "floor_ms": floor_ms, "gemm_floor_ms": gemm_floor, "engine_ms": engine_ms,
               "wgrad_beside_dgrad": two_streams, "floor_two_streams_ms": floor_two,
-              "bf16_ms": bf16_ms,
+              "bf16_ms": bf16_ms, "microbatch_ms": micro_ms,
+              "microbatch_ratio_to_bf16": micro_to_bf16,
               "quantization_bytes": quant_bytes, "emulated_gemms": emulated,
               "floor_gemms": {g: str(plan[g]) for g in GEMMS},
               "path": "native" if not emulated else "emulated: " + ",".join(emulated)}
@@ -350,6 +364,7 @@ def bench_recipe(name, tensors, reference, args, bf16_samples: list) -> list:
           f"{quant_bytes / 1e6:.0f} MB of quantization)  engine calls alone {engine_ms:.3f} ms  "
           f"floor/time {to_floor:.3f} "
           f"(time/floor {1 / to_floor:.3f}x)  bf16 {bf16_ms:.3f} ms: {to_bf16:.2f}x  "
+          f"later micro-batch (weight kept) {micro_ms:.3f} ms: {micro_to_bf16:.2f}x  "
           f"{common['path']}" +
           (f"; wgrad beside dgrad (floor so run: {floor_two:.3f} ms, time/that "
            f"{1 / paired_ratio(times['floor_two_streams'], times['step']):.3f}x)"

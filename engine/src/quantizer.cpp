@@ -152,17 +152,30 @@ QuantizedTensor Quantizer::quantize(const TensorView& src, std::uint32_t usage,
   return out;
 }
 
-void Quantizer::quantize_into(const TensorView& src, QuantizedTensor& dst,
-                              const QuantizeOptions& options) const {
-  check_source(src, dst.rows(), dst.cols());
-  QR_CHECK(dst.usage() != 0, context("quantize_into", &src), ": destination holds no direction");
+namespace {
+
+// The plugin's arguments of one quantize call into `usage` (the host amax, if any; a device
+// amax is the caller's business).
+qr_quantize_args quantize_args(std::uint32_t usage, const QuantizeOptions& options) {
   qr_quantize_args args{};
   args.struct_size = sizeof(qr_quantize_args);
-  args.usage = dst.usage();
+  args.usage = usage;
   args.amax = options.amax ? options.amax->data() : nullptr;
   args.has_rng_offset = options.rng_offset.has_value() ? 1 : 0;
   args.rng_offset = options.rng_offset.value_or(0);
   args.stream = options.stream;
+  return args;
+}
+
+}  // namespace
+
+void Quantizer::quantize_into(const TensorView& src, QuantizedTensor& dst,
+                              const QuantizeOptions& options) const {
+  check_source(src, dst.rows(), dst.cols());
+  QR_CHECK(dst.usage() != 0, context("quantize_into", &src), ": destination holds no direction");
+  // New bytes: a decoded copy kept for emulated GEMMs would be stale.
+  dst.invalidate_decoded();
+  qr_quantize_args args = quantize_args(dst.usage(), options);
   // Built only on the error paths (the hot path makes no string).
   const auto where = [&] {
     return context("quantize", &src) + " (" + usage_str(dst.usage()) + ")";
@@ -190,6 +203,88 @@ void Quantizer::quantize_into(const TensorView& src, QuantizedTensor& dst,
   }
   if (qr_status status = plugin_->c().quantize(handle_, &src.c(), &args, &dst.c()))
     throw_if_error(status, where());
+}
+
+bool Quantizer::has_quantize_decoded() const { return plugin_->quantize_decoded_extra() != nullptr; }
+
+bool Quantizer::quantize_decoded_into(const TensorView& src, QuantizedTensor& dst,
+                                      const QuantizeOptions& options,
+                                      const qr_decoded_output& decoded) const {
+  const auto fn = plugin_->quantize_decoded_extra();
+  if (fn == nullptr || options.device_amax != nullptr) return false;
+  check_source(src, dst.rows(), dst.cols());
+  QR_CHECK(dst.usage() != 0, context("quantize_decoded", &src), ": destination holds no direction");
+  dst.invalidate_decoded();
+  qr_quantize_args args = quantize_args(dst.usage(), options);
+  try {
+    throw_if_error(fn(handle_, &src.c(), &args, &dst.c(), &decoded),
+                   context("quantize_decoded", &src) + " (" + usage_str(dst.usage()) + ")");
+  } catch (const Error& e) {
+    // UNSUPPORTED: this call cannot be served in one pass and nothing was written.
+    if (e.code() != QR_STATUS_UNSUPPORTED) throw;
+    return false;
+  }
+  return true;
+}
+
+QuantizedTensor Quantizer::quantize_decoded(const TensorView& src, std::uint32_t usage,
+                                            std::uint32_t decoded_usage,
+                                            const QuantizeOptions& options,
+                                            std::shared_ptr<Allocator> allocator) const {
+  QR_CHECK((decoded_usage & ~usage) == 0, context("quantize_decoded", &src), ": decoded usage ",
+           usage_str(decoded_usage), " is not part of the quantized usage ", usage_str(usage));
+  QR_CHECK(usage != 0 && (usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0,
+           context("quantize_decoded", &src), ": usage must be rowwise, columnwise or both, got ",
+           usage);
+  check_source(src, src.rows(), src.cols());
+  if (!allocator) {
+    QR_CHECK(src.device().is_cpu(), context("quantize_decoded", &src),
+             ": pass an allocator for device tensors");
+    allocator = cpu_allocator();
+  }
+  std::array<qr_direction_layout, 2> layouts{};
+  for (int d = 0; d < 2; ++d) {
+    const auto dir = static_cast<qr_direction>(d);
+    if (usage & usage_bit(dir)) layouts[d] = layout(src.rows(), src.cols(), dir);
+  }
+  QuantizedTensor out(format(), src.rows(), src.cols(), usage, layouts, src.device(), allocator);
+  out.set_keep_decoded(true);
+  // On the CPU the GEMM keeps FP32 reference decodes itself (gemm_cpu.cpp): nothing to write.
+  if (decoded_usage == 0 || src.device().is_cpu() || !has_quantize_decoded()) {
+    quantize_into(src, out, options);
+    return out;
+  }
+  // Only block-scaled directions have the extra's values (plugin_abi.h).
+  qr_decoded_output decoded{};
+  decoded.struct_size = sizeof(qr_decoded_output);
+  std::array<DecodedCopy, 2> copies;
+  for (int d = 0; d < 2; ++d) {
+    const auto dir = static_cast<qr_direction>(d);
+    const qr_direction_layout& l = layouts[d];
+    if (!(decoded_usage & usage_bit(dir)) || l.data_ndim != 2 ||
+        (l.scale_mode != QR_SCALE_BLOCK && l.scale_mode != QR_SCALE_BLOCK_TENSOR))
+      continue;
+    const auto bytes = static_cast<std::size_t>(
+        checked_mul(checked_mul(l.data_shape[0], l.data_shape[1], "decoded elements"), 2, "decoded bytes"));
+    copies[d].values = std::make_shared<Buffer>(allocator, bytes, src.device(), Buffer::Fill::none);
+    copies[d].dtype = DType::bf16;
+    // Its own miss word: a miss in one direction must not make the other's GEMM recompute.
+    copies[d].miss = std::make_shared<Buffer>(allocator, sizeof(std::uint32_t), src.device(), Buffer::Fill::zero);
+    copies[d].stream = options.stream;
+    decoded.values[d] = static_cast<std::uint16_t*>(copies[d].values->data());
+    decoded.miss[d] = static_cast<std::uint32_t*>(copies[d].miss->data());
+  }
+  if (decoded.values[0] == nullptr && decoded.values[1] == nullptr) {
+    quantize_into(src, out, options);
+    return out;
+  }
+  if (!quantize_decoded_into(src, out, options, decoded)) {
+    quantize_into(src, out, options);  // two passes: the GEMM decodes (and keeps) later
+    return out;
+  }
+  for (int d = 0; d < 2; ++d)
+    if (copies[d].values) out.keep_decoded(static_cast<qr_direction>(d), std::move(copies[d]));
+  return out;
 }
 
 void Quantizer::dequantize(const QuantizedTensor& src, qr_direction direction,

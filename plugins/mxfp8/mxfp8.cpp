@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "mxfp8_adam_kernels.hpp"
+#include "mxfp8_numerics.hpp"
 #include "mxfp8_ref.hpp"
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
@@ -110,6 +111,37 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
       qr_direction_data& dd = sdk::direction_data(dst, d);
       ref::quantize(src, d, data_dtype_, static_cast<std::uint8_t*>(dd.data.data),
                     static_cast<std::uint8_t*>(dd.scale_inv.data), dd.scale_inv.shape[1]);
+    }
+  }
+
+  // Quantize and decode in one pass (plugin_abi.h, QR_EXTRA_QUANTIZE_DECODED; the trampoline
+  // checked usage and miss words). CPU: the reference, i.e. the definition: quantize, then each
+  // stored element's q * 2^(e-127) (num_mx::decode, the engine decoder's one FP32 multiply)
+  // as sdk::decoded_bf16 writes it. CUDA: the quantize kernel writes them from the codes it
+  // has just made (mxfp8_kernels.cu, same arithmetic).
+  void quantize_decoded(const qr_tensor_view& src, const qr_quantize_args& args,
+                        qr_quantized_tensor& dst, const qr_decoded_output& decoded) {
+    if (src.device.type == QR_DEVICE_CUDA) {
+      quantize_decoded_cuda(src, args, dst, decoded);
+      return;
+    }
+    quantize(src, args, dst);
+    for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+      if (decoded.values[d] == nullptr) continue;
+      const qr_direction_data& dd = sdk::direction_data(dst, d);
+      const auto* codes = static_cast<const std::uint8_t*>(dd.data.data);
+      const auto* scales = static_cast<const std::uint8_t*>(dd.scale_inv.data);
+      const std::int64_t ld = dd.scale_inv.shape[1], rows = dst.rows, cols = dst.cols;
+      const bool rowwise = d == QR_DIRECTION_ROWWISE, e4m3 = data_dtype_ == QR_DTYPE_E4M3;
+      std::uint32_t miss = 0;
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const std::uint8_t e = rowwise ? scales[r * ld + c / ref::kBlockSize]
+                                         : scales[(r / ref::kBlockSize) * ld + c];
+          decoded.values[d][r * cols + c] =
+              sdk::decoded_bf16(num_mx::decode(codes[r * cols + c], e, e4m3), miss);
+        }
+      if (miss) *decoded.miss[d] = miss;
     }
   }
 
@@ -327,6 +359,28 @@ class Mxfp8Quantizer final : public sdk::QuantizerBase {
     (void)usage;
     (void)dst;
     (void)stream;
+#endif
+  }
+
+  // The CUDA side of quantize_decoded: the one quantize launch, with the decoded outputs.
+  void quantize_decoded_cuda(const qr_tensor_view& src, const qr_quantize_args& args,
+                             qr_quantized_tensor& dst, const qr_decoded_output& decoded) const {
+#if defined(QRECIPE_PLUGIN_HAS_CUDA)
+    const std::uint32_t usage =
+        sdk::check_quantize_call(src, args, dst, kFormat, "quantize_decoded", *this);
+    sdk::require_contiguous_source(src, kFormat, "quantize_decoded");
+    cuda::QuantizeArgs a = cuda_args(src, usage, dst, args.stream);
+    a.rowwise_decoded = decoded.values[QR_DIRECTION_ROWWISE];
+    a.rowwise_miss = decoded.miss[QR_DIRECTION_ROWWISE];
+    a.columnwise_decoded = decoded.values[QR_DIRECTION_COLUMNWISE];
+    a.columnwise_miss = decoded.miss[QR_DIRECTION_COLUMNWISE];
+    cuda::quantize(a);
+#else
+    (void)args;
+    (void)dst;
+    (void)decoded;
+    QR_THROW_CODE(QR_STATUS_UNSUPPORTED, "mxfp8 quantize_decoded: this build of the plugin has "
+                  "no CUDA kernels, so it cannot serve a tensor on cuda:", src.device.index);
 #endif
   }
 

@@ -110,7 +110,49 @@ struct QuantizeParams {
   bool cast_pow2_scales;
   float cast_amax_epsilon;
   bool cast_store_aligned;        // cols % 8 == 0 and cast data 8-byte aligned
+  // Decoded outputs (kernels with kDecoded only; QuantizeArgs::*_decoded): BF16 [rows, cols].
+  std::uint16_t* rowwise_decoded;
+  std::uint32_t* rowwise_miss;
+  std::uint16_t* columnwise_decoded;
+  std::uint32_t* columnwise_miss;
+  bool decoded_store_aligned;     // cols % 8 == 0 and every decoded buffer 16-byte aligned
 };
+
+// The decoded value of one code (plugin_abi.h, QR_EXTRA_QUANTIZE_DECODED): num_mx::decode's
+// arithmetic with the block's factor 2^(e-127) already made (num::e8m0_to_f32): a NaN code or
+// factor as it is, else one FP32 multiply.
+__device__ __forceinline__ float decode_code(std::uint8_t q, float factor, bool e4m3) {
+  const float element = e4m3 ? num::e4m3_to_f32(q) : num::e5m2_to_f32(q);
+  if (num::is_nan(element)) return element;
+  if (num::is_nan(factor)) return factor;
+  return element * factor;
+}
+
+// Writes the decoded values of one run of 8 codes (lo, hi as encode_run made them; `valid`
+// of them exist) at dst + offset, and notes a miss (sdk::decoded_bf16).
+__device__ __forceinline__ void store_decoded_run(std::uint16_t* dst, std::int64_t offset,
+                                                  int valid, bool vector_ok, std::uint32_t lo,
+                                                  std::uint32_t hi, const float (&factor)[8],
+                                                  bool e4m3, std::uint32_t& miss) {
+  std::uint16_t v[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const std::uint8_t q = static_cast<std::uint8_t>(((k < 4 ? lo : hi) >> (8 * (k % 4))) & 0xFFu);
+    v[k] = sdk::decoded_bf16(decode_code(q, factor[k], e4m3), miss);
+  }
+  if (vector_ok) {
+    uint4 word;
+    word.x = v[0] | (static_cast<std::uint32_t>(v[1]) << 16);
+    word.y = v[2] | (static_cast<std::uint32_t>(v[3]) << 16);
+    word.z = v[4] | (static_cast<std::uint32_t>(v[5]) << 16);
+    word.w = v[6] | (static_cast<std::uint32_t>(v[7]) << 16);
+    *reinterpret_cast<uint4*>(dst + offset) = word;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (k < valid) dst[offset + k] = v[k];
+  }
+}
 
 // The scale of the per-tensor cast: *cast_scale, or scale_from_amax of the device amax (the
 // rule of qrecipe/scaling.hpp that float8 applies, so the codes are float8's own).
@@ -150,7 +192,9 @@ __device__ __forceinline__ void encode_run(const float (&x)[8], const float (&fa
 // the tensor and every buffer is aligned (p.all_aligned), so every run is a whole vector.
 // Cast (NoCast, E4M3Codes, E5M2Codes): also the per-tensor cast of p.cast_* into p.cast_data,
 // stored at the rowwise data's offsets (the hybrid fusion extra).
-template <bool kInterior, class In, class Codes, Directions D, class Cast = NoCast>
+// kDecoded: also the decoded values of every requested direction (p.*_decoded; no cast).
+template <bool kInterior, class In, class Codes, Directions D, class Cast = NoCast,
+          bool kDecoded = false>
 __device__ __forceinline__ void quantize_cta_tile(const QuantizeParams<In>& p, std::int64_t row0,
                                                   std::int64_t cta_col,
                                                   std::uint8_t (*row_scales)[8]) {
@@ -189,7 +233,9 @@ __device__ __forceinline__ void quantize_cta_tile(const QuantizeParams<In>& p, s
   }
 
   // Rowwise: each row's 1x32 block amax over its 4 lanes, then its exponent.
+  static_assert(!(kDecoded && !std::is_same_v<Cast, NoCast>), "decoded outputs come without a cast");
   float row_factor[R];
+  [[maybe_unused]] float row_decode[R];  // 2^(e-127) of each row's block (kDecoded)
   if constexpr (kRowwise) {
     std::uint8_t e[R];
 #pragma unroll
@@ -200,6 +246,7 @@ __device__ __forceinline__ void quantize_cta_tile(const QuantizeParams<In>& p, s
       amax = sdk::cuda::max_over_row_lanes(amax);
       e[i] = num_mx::block_exponent(amax, Codes::kRcp);
       row_factor[i] = num::e8m0_encode_factor(e[i]);
+      if constexpr (kDecoded) row_decode[i] = num::e8m0_to_f32(e[i]);
     }
     // Lane cg parks the scale of its row group's row cg (the 4 lanes agree on all 4).
     std::uint8_t my_e = e[0];
@@ -211,6 +258,7 @@ __device__ __forceinline__ void quantize_cta_tile(const QuantizeParams<In>& p, s
   // Columnwise: each column's 32x1 block amax over its 8 lanes (reduce-scatter: this lane
   // ends with column 8 cg + rg), exponent, then every lane gathers its 8 columns' factors.
   float col_factor[C];
+  [[maybe_unused]] float col_decode[C];  // 2^(e-127) of each of this lane's columns (kDecoded)
   if constexpr (kColumnwise) {
     float colmax[C];
 #pragma unroll
@@ -225,10 +273,12 @@ __device__ __forceinline__ void quantize_cta_tile(const QuantizeParams<In>& p, s
     if (kInterior || my_col < p.cols)  // row0 < rows: the CTA exists
       p.columnwise_scale[(row0 / kBlock) * p.columnwise_scale_ld + my_col] = e;
     sdk::cuda::gather_column_values(num::e8m0_encode_factor(e), col_factor);
+    if constexpr (kDecoded) sdk::cuda::gather_column_values(num::e8m0_to_f32(e), col_decode);
   }
 
   float cast_scale = 0.0f;
   if constexpr (kCast) cast_scale = cast_scale_of(p);
+  [[maybe_unused]] std::uint32_t row_miss = 0, col_miss = 0;
 
   // Codes, row by row: both directions of a row are encoded and stored before the next, so
   // each row's elements die early (fewer live registers than one direction after the other).
@@ -244,6 +294,15 @@ __device__ __forceinline__ void quantize_cta_tile(const QuantizeParams<In>& p, s
       if (kInterior || valid > 0)
         store_bytes8(p.rowwise_data, offset, valid,
                      kInterior || (p.rowwise_store_aligned && valid == C), lo, hi);
+      if constexpr (kDecoded) {
+        if (p.rowwise_decoded != nullptr && (kInterior || valid > 0)) {
+          const float g[C] = {row_decode[i], row_decode[i], row_decode[i], row_decode[i],
+                              row_decode[i], row_decode[i], row_decode[i], row_decode[i]};
+          store_decoded_run(p.rowwise_decoded, offset, valid,
+                            kInterior || (p.decoded_store_aligned && valid == C), lo, hi, g,
+                            Codes::kE4M3, row_miss);
+        }
+      }
     }
     if constexpr (kColumnwise) {
       std::uint32_t lo, hi;
@@ -251,6 +310,12 @@ __device__ __forceinline__ void quantize_cta_tile(const QuantizeParams<In>& p, s
       if (kInterior || valid > 0)
         store_bytes8(p.columnwise_data, offset, valid,
                      kInterior || (p.columnwise_store_aligned && valid == C), lo, hi);
+      if constexpr (kDecoded) {
+        if (p.columnwise_decoded != nullptr && (kInterior || valid > 0))
+          store_decoded_run(p.columnwise_decoded, offset, valid,
+                            kInterior || (p.decoded_store_aligned && valid == C), lo, hi,
+                            col_decode, Codes::kE4M3, col_miss);
+      }
     }
     if constexpr (kCast) {
       const float f[C] = {cast_scale, cast_scale, cast_scale, cast_scale,
@@ -263,6 +328,11 @@ __device__ __forceinline__ void quantize_cta_tile(const QuantizeParams<In>& p, s
     }
   }
 
+  if constexpr (kDecoded) {
+    // Every writer stores the same 1: no atomics needed.
+    if (row_miss != 0) *p.rowwise_miss = 1u;
+    if (col_miss != 0) *p.columnwise_miss = 1u;
+  }
   if constexpr (kRowwise) {
     __syncthreads();
     const int tr = static_cast<int>(threadIdx.x);
@@ -287,11 +357,11 @@ __device__ __forceinline__ void quantize_cta_tile(const QuantizeParams<In>& p, s
 // The edge tiles, out of line: their bounds checks and scalar fallbacks keep more values live,
 // and as a separate function they get their own register allocation (spills there, if any,
 // stay off the interior path).
-template <class In, class Codes, Directions D, class Cast = NoCast>
+template <class In, class Codes, Directions D, class Cast = NoCast, bool kDecoded = false>
 __device__ __noinline__ void quantize_edge_tile(const QuantizeParams<In> p, std::int64_t row0,
                                                 std::int64_t cta_col,
                                                 std::uint8_t (*row_scales)[8]) {
-  quantize_cta_tile<false, In, Codes, D, Cast>(p, row0, cta_col, row_scales);
+  quantize_cta_tile<false, In, Codes, D, Cast, kDecoded>(p, row0, cta_col, row_scales);
 }
 
 // The parameters of quantize_cta_tile for one tensor (one group of a grouped call) described
@@ -325,7 +395,15 @@ __host__ __device__ QuantizeParams<In> quantize_params(const QuantizeArgs& a) {
   p.cast_pow2_scales = a.cast.pow2_scales != 0;
   p.cast_amax_epsilon = a.cast.amax_epsilon;
   p.cast_store_aligned = a.cols % 8 == 0 && is_aligned(a.cast.data, 8);
+  p.rowwise_decoded = has_rowwise(D) ? a.rowwise_decoded : nullptr;
+  p.rowwise_miss = a.rowwise_miss;
+  p.columnwise_decoded = has_columnwise(D) ? a.columnwise_decoded : nullptr;
+  p.columnwise_miss = a.columnwise_miss;
+  p.decoded_store_aligned = a.cols % 8 == 0 && is_aligned(a.rowwise_decoded, 16) &&
+                            is_aligned(a.columnwise_decoded, 16);
   p.all_aligned = p.load_aligned &&
+                  ((p.rowwise_decoded == nullptr && p.columnwise_decoded == nullptr) ||
+                   p.decoded_store_aligned) &&
                   (!has_rowwise(D) || (p.rowwise_store_aligned && p.rowwise_scale_aligned)) &&
                   (!has_columnwise(D) || p.columnwise_store_aligned) &&
                   (a.cast.data == nullptr || p.cast_store_aligned);

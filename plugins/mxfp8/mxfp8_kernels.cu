@@ -59,10 +59,13 @@ using sdk::cuda::F32Out;
 
 // A kernel that also writes a per-tensor cast stores two directions, like kBoth: 3 CTAs an SM
 // (80 registers; at 4, 64 registers spilled).
-template <class In, class Codes, Directions D, class Cast = NoCast>
+// kDecoded (quantize and decode in one pass) stores up to four outputs a row, like a cast: 3
+// CTAs an SM.
+template <class In, class Codes, Directions D, class Cast = NoCast, bool kDecoded = false>
 __global__ void __launch_bounds__(QuantizeTile<In, D>::kThreads,
-                                  std::is_same_v<Cast, NoCast> ? QuantizeTile<In, D>::kMinBlocksPerSM
-                                                               : 3)
+                                  std::is_same_v<Cast, NoCast> && !kDecoded
+                                      ? QuantizeTile<In, D>::kMinBlocksPerSM
+                                      : 3)
     quantize_kernel(const QuantizeParams<In> p) {
   using T = QuantizeTile<In, D>;
   // Rowwise scales of the CTA tile, [tile row][warp].
@@ -72,9 +75,9 @@ __global__ void __launch_bounds__(QuantizeTile<In, D>::kThreads,
   for (std::int64_t tile = blockIdx.y; tile < p.row_tiles; tile += gridDim.y) {
     const std::int64_t row0 = tile * T::kRows;
     if (p.all_aligned && row0 + T::kRows <= p.rows && cta_col + T::kCols <= p.cols)
-      quantize_cta_tile<true, In, Codes, D, Cast>(p, row0, cta_col, row_scales);
+      quantize_cta_tile<true, In, Codes, D, Cast, kDecoded>(p, row0, cta_col, row_scales);
     else
-      quantize_edge_tile<In, Codes, D, Cast>(p, row0, cta_col, row_scales);
+      quantize_edge_tile<In, Codes, D, Cast, kDecoded>(p, row0, cta_col, row_scales);
     if (has_rowwise(D) && tile + gridDim.y < p.row_tiles) __syncthreads();  // row_scales reused
   }
 }
@@ -110,7 +113,7 @@ void check_data_dtype(qr_dtype dtype, const char* entry) {
            ": data dtype code ", static_cast<int>(dtype), " is not e4m3 or e5m2");
 }
 
-template <class In, class Codes, Directions D, class Cast = NoCast>
+template <class In, class Codes, Directions D, class Cast = NoCast, bool kDecoded = false>
 void launch_quantize(const QuantizeArgs& a) {
   using T = QuantizeTile<In, D>;
   const QuantizeParams<In> p = quantize_params<In, D>(a);
@@ -120,7 +123,7 @@ void launch_quantize(const QuantizeArgs& a) {
   constexpr std::int64_t kMaxGridY = 65535;  // CUDA's limit; the kernel loops past it
   const dim3 grid(static_cast<unsigned>(col_tiles),
                   static_cast<unsigned>(p.row_tiles < kMaxGridY ? p.row_tiles : kMaxGridY));
-  quantize_kernel<In, Codes, D, Cast><<<grid, T::kThreads, 0, as_stream(a.stream)>>>(p);
+  quantize_kernel<In, Codes, D, Cast, kDecoded><<<grid, T::kThreads, 0, as_stream(a.stream)>>>(p);
   QR_CUDA_CHECK_LAUNCH("mxfp8 quantize_kernel");
 }
 
@@ -134,6 +137,12 @@ void dispatch_directions(const QuantizeArgs& a) {
         launch_quantize<In, Codes, Directions::kColumnwise, E5M2Codes>(a);
       return;
     }
+  }
+  if (a.rowwise_decoded != nullptr || a.columnwise_decoded != nullptr) {  // quantize + decode
+    if (a.columnwise_data == nullptr) launch_quantize<In, Codes, Directions::kRowwise, NoCast, true>(a);
+    else if (a.rowwise_data == nullptr) launch_quantize<In, Codes, Directions::kColumnwise, NoCast, true>(a);
+    else launch_quantize<In, Codes, Directions::kBoth, NoCast, true>(a);
+    return;
   }
   if (a.columnwise_data == nullptr) launch_quantize<In, Codes, Directions::kRowwise>(a);
   else if (a.rowwise_data == nullptr) launch_quantize<In, Codes, Directions::kColumnwise>(a);
@@ -178,6 +187,11 @@ void quantize(const QuantizeArgs& a) {
                 (a.cast.scale != nullptr || a.cast.amax != nullptr)),
            "mxfp8 CUDA quantize: a per-tensor cast needs the columnwise direction alone, a "
            "bf16 / f16 source, an e4m3 / e5m2 cast and its scale or amax");
+  QR_CHECK((a.rowwise_decoded == nullptr || (a.rowwise_data != nullptr && a.rowwise_miss != nullptr)) &&
+               (a.columnwise_decoded == nullptr ||
+                (a.columnwise_data != nullptr && a.columnwise_miss != nullptr)) &&
+               (a.cast.data == nullptr || (a.rowwise_decoded == nullptr && a.columnwise_decoded == nullptr)),
+           "mxfp8 CUDA quantize: decoded values need their direction, a miss word and no cast");
   DeviceGuard guard(a.device_index, kFormat);
   switch (a.src_dtype) {
     case QR_DTYPE_F32: dispatch_quantize<F32In>(a); break;

@@ -38,6 +38,13 @@ struct QuantizeArgs {
   // cast (plugin_abi.h's qr_tensor_cast, untransposed here; data == nullptr: none), with
   // q = sat_rne(x * s), s = *scale or scale_from_amax(*amax, ...) of qrecipe/scaling.hpp.
   qr_tensor_cast cast{};
+  // Quantize and decode in one pass (plugin_abi.h, QR_EXTRA_QUANTIZE_DECODED; not with a
+  // cast): the BF16 value of each code written, [rows, cols], for a requested direction whose
+  // pointer is set, and its miss word set to 1 when a finite value has bits BF16 drops.
+  std::uint16_t* rowwise_decoded = nullptr;
+  std::uint32_t* rowwise_miss = nullptr;
+  std::uint16_t* columnwise_decoded = nullptr;
+  std::uint32_t* columnwise_miss = nullptr;
   int device_index = 0;
   void* stream = nullptr;
 };

@@ -188,6 +188,38 @@ class Nvfp4Quantizer final : public sdk::QuantizerBase {
     ref::quantize(src, config_, request);
   }
 
+  // Quantize and decode in one pass (plugin_abi.h, QR_EXTRA_QUANTIZE_DECODED; the trampoline
+  // checked usage and miss words). CPU: the reference, i.e. the definition: quantize, then
+  // each stored element's q * s (rules::decode_element without S_dec, which the engine puts
+  // in alpha; exact in FP32 and BF16, the scale's NaN as 0x7FFF) as sdk::decoded_bf16
+  // writes it. CUDA: not fused yet, so UNSUPPORTED before anything is written (the engine
+  // then quantizes and decodes in two kernels, with the same values).
+  void quantize_decoded(const qr_tensor_view& src, const qr_quantize_args& args,
+                        qr_quantized_tensor& dst, const qr_decoded_output& decoded) {
+    QR_CHECK_CODE(src.device.type != QR_DEVICE_CUDA, QR_STATUS_UNSUPPORTED,
+                  "nvfp4 quantize_decoded: the CUDA kernels do not write decoded values yet; "
+                  "quantize, then decode in a second kernel");
+    quantize(src, args, dst);
+    for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+      if (decoded.values[d] == nullptr) continue;
+      const qr_direction_data& dd = sdk::direction_data(dst, d);
+      const auto* codes = static_cast<const std::uint8_t*>(dd.data.data);
+      const auto* scales = static_cast<const std::uint8_t*>(dd.scale_inv.data);
+      const std::int64_t data_rows = dd.layout.data_shape[0], data_cols = dd.layout.data_shape[1];
+      const std::int64_t pitch = ref::packed_row_bytes(data_cols), spitch = dd.scale_inv.shape[1];
+      std::uint32_t miss = 0;
+      for (std::int64_t i = 0; i < data_rows; ++i)
+        for (std::int64_t j = 0; j < data_cols; ++j) {
+          const std::uint8_t byte = codes[i * pitch + j / 2];
+          const std::uint8_t q = (j & 1) ? byte >> 4 : byte & 0xFu;
+          const float s = num::e4m3_to_f32(scales[i * spitch + j / ref::kBlockSize]);
+          const float v = num::is_nan(s) ? s : num::e2m1_to_f32(q) * s;
+          decoded.values[d][i * data_cols + j] = sdk::decoded_bf16(v, miss);
+        }
+      if (miss) *decoded.miss[d] = miss;  // unreachable for nvfp4 (exact), kept for the rule
+    }
+  }
+
   // The hybrid fusion extra QR_EXTRA_QUANTIZE_WITH_TENSOR_CAST (plugin_abi.h): quantize the
   // columnwise direction and write another format's per-tensor cast (float8's rowwise side of
   // a hybrid) from the same read of the source, in the 16-bit kernel's tiles

@@ -84,6 +84,22 @@ PyQuantized quantize(const PyQuantizer& q, const at::Tensor& src, std::uint32_t 
   return PyQuantized{std::make_shared<QuantizedTensor>(std::move(out)), q};
 }
 
+// Quantizer::quantize_decoded: for operands of emulated GEMMs (docs/gemm.md, "Decoded
+// operands"); `decoded_usage` (a subset of usage) names the directions whose BF16 operand the
+// plugin's kernel writes too (CUDA; otherwise the first GEMM decodes and keeps it).
+PyQuantized quantize_decoded(const PyQuantizer& q, const at::Tensor& src, std::uint32_t usage,
+                             std::uint32_t decoded_usage) {
+  const TensorView view = to_view(src, "tensor to quantize");
+  QuantizeOptions options;
+  options.stream = current_stream(src);
+  QuantizedTensor out;
+  {
+    py::gil_scoped_release no_gil;
+    out = q.quantizer->quantize_decoded(view, usage, decoded_usage, options, torch_allocator());
+  }
+  return PyQuantized{std::make_shared<QuantizedTensor>(std::move(out)), q};
+}
+
 at::Tensor dequantize(const PyQuantized& q, const std::string& direction, at::ScalarType dtype) {
   QR_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
            "dequantize decodes to torch.float32 or torch.bfloat16, got ", c10::toString(dtype));
@@ -384,6 +400,15 @@ void bind_quantize(py::module_& m) {
       })
       .def("quantize", &quantize, py::arg("tensor"), py::arg("usage"),
            py::arg("rng_offset") = std::nullopt, py::arg("amax") = std::nullopt)
+      .def("quantize_decoded", &quantize_decoded, py::arg("tensor"), py::arg("usage"),
+           py::arg("decoded_usage"),
+           "quantize() for operands of emulated GEMMs: the result keeps decoded copies "
+           "(QuantizedTensor.keep_decoded), and for the directions in decoded_usage of a CUDA "
+           "tensor the plugin's quantize kernel writes them in the same pass where it has the "
+           "quantize-and-decode extra (has_quantize_decoded); same bytes as quantize().")
+      .def_property_readonly("has_quantize_decoded", [](const PyQuantizer& q) {
+        return q.quantizer->has_quantize_decoded();
+      }, "Whether the plugin quantizes and decodes in one pass (QR_EXTRA_QUANTIZE_DECODED).")
       .def("compute_amax", [](const PyQuantizer& q, const at::Tensor& src) {
         const TensorView view = to_view(src, "tensor to compute the amax of");
         void* stream = current_stream(src);
@@ -458,6 +483,28 @@ void bind_quantize(py::module_& m) {
            "One direction as ONE uint8 tensor ([scale | amax | data]): an alias of its memory "
            "when it was quantized on its own, else a packed copy.")
       .def("drop", [](PyQuantized& q, const std::string& d) { q.tensor->drop(parse_direction(d)); })
+      .def_property("keep_decoded", [](const PyQuantized& q) { return q.tensor->keeps_decoded(); },
+                    [](PyQuantized& q, bool on) { q.tensor->set_keep_decoded(on); },
+                    "Whether GEMMs keep each direction they decode with this tensor and reuse it "
+                    "(docs/gemm.md, 'Decoded operands kept across GEMMs'); off by default. Only "
+                    "for bytes nothing writes behind the engine's back: requantize drops the "
+                    "copies, a write through an alias of data() needs invalidate_decoded().")
+      .def("decoded_directions", [](const PyQuantized& q) {
+        std::vector<std::string> out;
+        for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
+          if (q.tensor->decoded(d).values) out.emplace_back(direction_name(d));
+        return out;
+      }, "The directions whose decoded copy is kept now (see keep_decoded).")
+      .def("decoded_bytes", [](const PyQuantized& q) {
+        std::size_t total = 0;
+        for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+          const DecodedCopy copy = q.tensor->decoded(d);
+          if (copy.values) total += copy.values->bytes();
+        }
+        return total;
+      }, "Bytes the kept decoded copies hold (see keep_decoded).")
+      .def("invalidate_decoded", [](PyQuantized& q) { q.tensor->invalidate_decoded(); },
+           "Drops the kept decoded copies (after writing the bytes through an alias).")
       .def("requantize", [](PyQuantized& q, const at::Tensor& src, const AmaxArg& amax) {
         // In place, into the buffers it holds: every alias of the bytes sees the new values.
         const TensorView view = to_view(src, "tensor to requantize");

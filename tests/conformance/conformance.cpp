@@ -162,6 +162,7 @@ void run(const Suite& suite) {
       SUBCASE("layout and buffers") { check_layout(c); }
       SUBCASE("rowwise and columnwise") { check_directions(c); }
       SUBCASE("determinism and amax") { check_determinism(c); }
+      SUBCASE("quantize and decode in one pass") { check_quantize_decoded(c); }
     }
   }
 }

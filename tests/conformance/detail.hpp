@@ -243,6 +243,8 @@ void check_layout(const CaseContext& c);         // buffers, guards, 3-D, stride
                                                  // mismatched destinations
 void check_directions(const CaseContext& c);
 void check_determinism(const CaseContext& c);    // repeatability, rng_offset, amax paths
+void check_quantize_decoded(const CaseContext& c);  // QR_EXTRA_QUANTIZE_DECODED == quantize
+                                                    // + the reference decode
 void check_options(const Suite& suite, const Registry& registry);  // once per suite
 void check_devices(const Suite& suite, const Registry& registry);  // once per suite
 

@@ -687,6 +687,103 @@ TEST_CASE("GPU emulated GEMMs recompute exactly when BF16 cannot hold the decode
   }
 }
 
+TEST_CASE("GPU emulated GEMMs on kept and one-pass decoded operands equal fresh decodes, bit for bit") {
+  // docs/gemm.md, "Decoded operands": an operand whose tensor keeps its decoded copy
+  // (QuantizedTensor::set_keep_decoded, the adapter's cached weight) is decoded by the first
+  // GEMM and reused by later ones; one quantized by Quantizer::quantize_decoded has the copy
+  // written by the plugin's quantize kernel (QR_EXTRA_QUANTIZE_DECODED; mxfp8) or by the first
+  // GEMM (formats without it). Either way every output equals the GEMM of a fresh decode bit
+  // for bit, including operands BF16 cannot hold (the kept miss word makes the GEMM recompute).
+  if (!shard().first() || skip_without_cuda()) return;
+  struct Case {
+    const char* label;
+    const char* a_spec;
+    float a_magnitude;
+    const char* b_spec;
+    float b_magnitude;
+    bool one_pass_served;  // both operands' plugins fuse quantize and decode on CUDA
+  };
+  const float tiny = std::ldexp(1.0f, -136), huge = std::ldexp(1.0f, 110);
+  const Case cases[] = {
+      {"mxfp8 x mxfp8", kMxfp8, 1.0f, kMxfp8, 1.0f, true},
+      {"mxfp8 (tiny: misses) x mxfp8 (huge)", kMxfp8, tiny, kMxfp8, huge, true},
+      {"nvfp4 x nvfp4", kNvfp4, 1.0f, kNvfp4, 1.0f, false},
+      {"mxfp8 x float8 e4m3", kMxfp8, 1.0f, kE4M3, 1.0f, false},
+  };
+  const Shape shapes[] = {{128, 256, 512}, {100, 72, 200}};
+  const Variant variants[] = {kVariants[0], kVariants[2]};
+  for (const Case& cs : cases) {
+    for (const Shape& shape : shapes) {
+      for (const Kind& kind : kKinds) {
+        CAPTURE(std::string(cs.label));
+        CAPTURE(std::string(gemm_kind_name(kind.kind)));
+        CAPTURE(shape.m);
+        const std::uint64_t seed = static_cast<std::uint64_t>(shape.m * 37 + shape.k) ^
+                                   (static_cast<std::uint64_t>(kind.kind) << 40);
+        const Operand a = make_operand(cs.a_spec, kind.a, shape.m, shape.k, seed, cs.a_magnitude);
+        const Operand b = make_operand(cs.b_spec, kind.b, shape.n, shape.k, seed + 1, cs.b_magnitude);
+        // Kept copies: the same bytes uploaded again, with keeping on.
+        QuantizedTensor ka = upload(a.cpu_q), kb = upload(b.cpu_q);
+        ka.set_keep_decoded(true);
+        kb.set_keep_decoded(true);
+        // One pass: the sources quantized on the device both ways.
+        auto device_source = [&](const Operand& op, std::int64_t outer, std::int64_t inner, std::uint64_t sd,
+                                 float magnitude) {
+          const bool rowwise = op.direction == QR_DIRECTION_ROWWISE;
+          const std::int64_t rows = rowwise ? outer : inner, cols = rowwise ? inner : outer;
+          std::vector<float> src = random_normal(static_cast<std::size_t>(rows * cols), sd);
+          for (auto& x : src) x = x * magnitude;
+          Tensor host(DType::f32, {rows, cols});
+          std::memcpy(host.view().data(), src.data(), src.size() * 4);
+          return to_device(host);
+        };
+        const Tensor sa = device_source(a, shape.m, shape.k, seed, cs.a_magnitude);
+        const Tensor sb = device_source(b, shape.n, shape.k, seed + 1, cs.b_magnitude);
+        const std::uint32_t ua = qrecipe::usage_bit(kind.a), ub = qrecipe::usage_bit(kind.b);
+        const QuantizedTensor pa = a.quantizer->quantize(sa.view(), ua, {}, target_allocator());
+        const QuantizedTensor pb = b.quantizer->quantize(sb.view(), ub, {}, target_allocator());
+        const QuantizedTensor fa = a.quantizer->quantize_decoded(sa.view(), ua, ua, {}, target_allocator());
+        const QuantizedTensor fb = b.quantizer->quantize_decoded(sb.view(), ub, ub, {}, target_allocator());
+        if (cs.one_pass_served) {
+          CHECK_MESSAGE(fa.decoded(kind.a).values != nullptr, "the plugin's kernel wrote no decoded copy");
+          CHECK_MESSAGE(fb.decoded(kind.b).values != nullptr, "the plugin's kernel wrote no decoded copy");
+        }
+        for (const Variant& v : variants) {
+          CAPTURE(std::string(v.label));
+          const auto mn = static_cast<std::size_t>(shape.m * shape.n);
+          std::vector<float> out0 = random_normal(mn, seed + 2);
+          std::vector<float> bias = random_normal(static_cast<std::size_t>(shape.n), seed + 3);
+          GemmOptions o;
+          o.kind = kind.kind;
+          o.alpha = v.alpha;
+          o.accumulate = v.accumulate;
+          o.bias_dtype = v.bias_dtype;
+          auto run = [&](const GemmOperand& x, const GemmOperand& y) {
+            auto [cpu_out, gpu_out, bias_host, bias_dev] = epilogue_inputs(v.out, v.bias_dtype, shape, out0, bias);
+            o.bias = v.bias ? bias_dev.view().data() : nullptr;
+            qrecipe::gemm(x, y, gpu_out.view(), o);
+            qrecipe::synchronize(Device::cuda(0));
+            std::vector<std::uint8_t> bytes(static_cast<std::size_t>(gpu_out.view().nbytes()));
+            qrecipe::copy_to_host(bytes.data(), gpu_out.view().data(), bytes.size());
+            return bytes;
+          };
+          const auto fresh = run(a.gpu(), b.gpu());
+          for (int micro = 0; micro < 3; ++micro) {
+            CAPTURE(micro);
+            CHECK(run(GemmOperand::quantized(ka, *a.quantizer, kind.a),
+                      GemmOperand::quantized(kb, *b.quantizer, kind.b)) == fresh);
+            CHECK(ka.decoded(kind.a).values != nullptr);
+          }
+          const auto plain = run(GemmOperand::quantized(pa, *a.quantizer, kind.a),
+                                 GemmOperand::quantized(pb, *b.quantizer, kind.b));
+          CHECK(run(GemmOperand::quantized(fa, *a.quantizer, kind.a),
+                    GemmOperand::quantized(fb, *b.quantizer, kind.b)) == plain);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("GPU GEMM edge cases: K = 0 (epilogue only) and empty outputs") {
   if (!shard().first() || skip_without_cuda()) return;
   // Dense BF16 operands [3, 0] x [2, 0]: out = alpha * 0 + out + bias.

@@ -883,3 +883,105 @@ TEST_CASE("GPU quantize and dequantize are bit-identical to the CPU reference") 
   CHECK(formats >= 1);
   CHECK(tally.failures == 0);
 }
+
+// The decoded values of QR_EXTRA_QUANTIZE_DECODED for every block-scaled direction of `usage`
+// (BF16 [data_shape[0], data_shape[1]]) and their miss words, in memory of `target`: a
+// quantize_decoded_into call that the plugin served (false: refused, nothing written).
+struct DecodedSide {
+  std::vector<Tensor> values;  // one per direction, empty tensors where not asked
+  bool asked[2] = {false, false};
+  Tensor miss;                 // [2] uint32 as f32-sized words
+  bool served = false;
+};
+
+static DecodedSide quantize_decoded(const Quantizer& q, const Tensor& src, QuantizedTensor& dst,
+                                    std::uint32_t usage, const Target& target) {
+  DecodedSide side;
+  side.miss = Tensor(DType::f32, {2}, target.device, target.allocator);  // zero-filled
+  qr_decoded_output out{};
+  out.struct_size = sizeof out;
+  side.values.resize(2);
+  for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+    if (!(usage & qrecipe::usage_bit(d))) continue;
+    const qr_direction_layout& l = dst.layout(d);
+    if (l.scale_mode != QR_SCALE_BLOCK && l.scale_mode != QR_SCALE_BLOCK_TENSOR) continue;
+    side.values[d] = Tensor(DType::bf16, {l.data_shape[0], l.data_shape[1]}, target.device, target.allocator);
+    out.values[d] = side.values[d].data_as<std::uint16_t>();
+    side.asked[d] = true;
+    out.miss[d] = reinterpret_cast<std::uint32_t*>(side.miss.data_as<float>()) + d;
+  }
+  side.served = q.quantize_decoded_into(src.view(), dst, {}, out);
+  return side;
+}
+
+TEST_CASE("quantize and decode in one pass: CUDA == the CPU reference, bit for bit") {
+  // plugin_abi.h QR_EXTRA_QUANTIZE_DECODED: the CUDA kernels write the quantize's bytes and
+  // the decoded BF16 operand of the emulated GEMMs; both equal the CPU reference (which the
+  // conformance suite checks against quantize + the reference decode), and so do the miss
+  // words. A plugin that refuses CUDA calls is reported (the engine then decodes in a second
+  // kernel, which test_gpu_gemm covers).
+  if (!qrecipe::cuda_available()) {
+    MESSAGE("not supported: " << qrecipe::cuda_status());
+    return;
+  }
+  const Target target{Device::cuda(0), qrecipe::cuda_allocator()};
+  const char* const specs[] = {"{format: mxfp8, dtype: e4m3}", "{format: mxfp8, dtype: e5m2}",
+                               "{format: nvfp4}", "{format: nvfp4, 2d: true}",
+                               "{format: nvfp4, stochastic_rounding: true, seed: 3}"};
+  Tally tally;
+  int served = 0, refused = 0;
+  for (const char* yaml : specs) {
+    // Each ctest entry (QRECIPE_GPU_PARITY_ONLY=<format>) runs its own format's specs.
+    const std::string spec(yaml);
+    if (!selected(spec.substr(9, spec.find_first_of(",}") - 9), "decoded")) continue;
+    for (const Shape shape : kShapes) {
+      if (shape.rows * shape.cols > (1 << 20)) continue;  // the CPU side bounds the run time
+      for (const Kind kind : kKinds) {
+        for (const DType src_dtype : kSourceDTypes) {
+          for (const std::uint32_t usage : kUsages) {
+            Sides sides = make_sides(yaml);
+            const Tensor host = host_source(make_values(shape, kind), shape, src_dtype);
+            const Tensor dev = to_target(host, target);
+            std::array<qr_direction_layout, 2> layouts{};
+            for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE})
+              if (usage & qrecipe::usage_bit(d)) layouts[d] = sides.cpu->layout(shape.rows, shape.cols, d);
+            QuantizedTensor ref(sides.cpu->format(), shape.rows, shape.cols, usage, layouts,
+                                Device::cpu(), qrecipe::cpu_allocator());
+            QuantizedTensor got(sides.gpu->format(), shape.rows, shape.cols, usage, layouts,
+                                target.device, target.allocator);
+            const Target host_target{Device::cpu(), qrecipe::cpu_allocator()};
+            const DecodedSide r = quantize_decoded(*sides.cpu, host, ref, usage, host_target);
+            const DecodedSide g = quantize_decoded(*sides.gpu, dev, got, usage, target);
+            const std::string what = std::string(yaml) + " | " + std::to_string(shape.rows) +
+                                     "x" + std::to_string(shape.cols) + " | " + kind_name(kind) +
+                                     " " + std::string(qrecipe::dtype_name(src_dtype)) + " | usage " +
+                                     std::to_string(usage);
+            REQUIRE_MESSAGE(r.served, what << ": the CPU reference refused quantize_decoded");
+            if (!g.served) {
+              ++refused;
+              MESSAGE("not supported: " << what << ": the CUDA plugin refused "
+                                        "quantize_decoded (two kernels instead)");
+              continue;
+            }
+            ++served;
+            expect_same_buffers(tally, what, ref, got, usage);
+            for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+              if (!r.asked[d]) continue;
+              expect_equal(tally, what + " | " + qrecipe::direction_name(d) + " decoded",
+                           host_bytes(r.values[d].view()), host_bytes(g.values[d].view()),
+                           r.values[d].view());
+            }
+            expect_equal(tally, what + " miss words", host_bytes(r.miss.view()),
+                         host_bytes(g.miss.view()), r.miss.view());
+            if (tally.failures >= kMaxReportedFailures) break;
+          }
+        }
+      }
+    }
+  }
+  MESSAGE(served << " one-pass cases served on CUDA, " << refused << " refused; "
+                 << tally.buffers << " buffers compared, " << tally.failures << " failures");
+  // mxfp8 has the fused kernel: a run of it where CUDA served nothing tests nothing.
+  if (selected("mxfp8", "decoded")) CHECK(served > 0);
+  CHECK(tally.failures == 0);
+}

@@ -36,10 +36,10 @@ def weight_quantizations(monkeypatch):
     original = linear_gemms._quantize
     original_grouped = grouped_linear._quantize_grouped
 
-    def counting(quantizer, tensor, usage, *amax):
+    def counting(quantizer, tensor, usage, *amax, **kw):
         if ":weight@" in quantizer.role:
             calls.append(usage)
-        return original(quantizer, tensor, usage, *amax)
+        return original(quantizer, tensor, usage, *amax, **kw)
 
     def counting_grouped(quantizer, weight, group_rows, usage):
         calls.extend([usage] * len(group_rows))

@@ -588,10 +588,10 @@ def row_quantizations(monkeypatch):
         grouped_calls.append((kind(quantizer), len(group_rows), usage))
         return original_rows(quantizer, tensor, group_rows, usage)
 
-    def counting_one(quantizer, tensor, usage):
+    def counting_one(quantizer, tensor, usage, *amax, **kw):
         if kind(quantizer) != "weight":
             single_calls.append(kind(quantizer))
-        return original_one(quantizer, tensor, usage)
+        return original_one(quantizer, tensor, usage, *amax, **kw)
 
     monkeypatch.setattr(grouped_linear_function, "_quantize_rows", counting_rows)
     monkeypatch.setattr(linear_gemms, "_quantize", counting_one)

@@ -40,10 +40,10 @@ def run(recipe_name, share, monkeypatch):
     calls = []
     original = linear_gemms._quantize
 
-    def counting(q, t, u, *amax):
+    def counting(q, t, u, *amax, **kw):
         if ":input@" in q.role:
             calls.append(q.role)
-        return original(q, t, u, *amax)
+        return original(q, t, u, *amax, **kw)
 
     monkeypatch.setattr(linear_gemms, "_quantize", counting)
     out = []

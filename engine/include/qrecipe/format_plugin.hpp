@@ -69,6 +69,9 @@ class FormatPlugin {
   // (Quantizer::compute_amax_into / a device amax then take the host-copy fallback).
   qr_compute_amax_device_fn compute_amax_device_extra() const { return compute_amax_device_; }
   qr_quantize_device_amax_fn quantize_device_amax_extra() const { return quantize_device_amax_; }
+  // The quantize-and-decode extra (plugin_abi.h, QR_EXTRA_QUANTIZE_DECODED), looked up once at
+  // load; nullptr when the plugin lacks it (GEMMs then decode the bytes in a kernel of their own).
+  qr_quantize_decoded_fn quantize_decoded_extra() const { return quantize_decoded_; }
   // The descriptor's tensor_scale_numerator (plugin_abi.h): how the per-tensor decode factor
   // of this format's QR_SCALE_BLOCK_TENSOR directions follows from their amax
   // (tensor_decode_factor in scaling.hpp). 0: the format gives none (also for a plugin whose
@@ -88,6 +91,7 @@ class FormatPlugin {
   qr_adam_requantize_supports_fn adam_requantize_supports_ = nullptr;
   qr_compute_amax_device_fn compute_amax_device_ = nullptr;
   qr_quantize_device_amax_fn quantize_device_amax_ = nullptr;
+  qr_quantize_decoded_fn quantize_decoded_ = nullptr;
   float tensor_scale_numerator_ = 0.0f;
 };
 

@@ -634,6 +634,42 @@ typedef qr_status (*qr_quantize_device_amax_fn)(qr_quantizer* q, const qr_tensor
                                                 const qr_quantize_args* args, const float* amax,
                                                 qr_quantized_tensor* dst);
 
+/* Quantize and decode in one pass (emulated GEMMs, docs/gemm.md "Decoded operands"): an
+ * optional extra. Where a GEMM has no tensor-core path for an operand pair (E8M0- or
+ * E4M3-block-scaled codes on sm_90), the engine decodes each operand to BF16 before one BF16
+ * GEMM. With this extra the
+ * quantize kernel writes that BF16 operand itself, from the values it has in registers, instead
+ * of the engine reading the bytes again in a second kernel.
+ *
+ * It covers block-scaled directions (QR_SCALE_BLOCK, QR_SCALE_BLOCK_TENSOR). The decoded
+ * value of stored element (p, q) of direction d (data [data_shape[0], data_shape[1]], in the
+ * stored order, transposed or not) is, in FP32,
+ *   v = code_value(p, q) * block_scale(p, q)      (one FP32 multiply; a per-tensor factor is
+ *                                                  NOT applied: the engine puts it in alpha)
+ * written as the BF16 whose bits are the high 16 bits of v (truncation), except that every
+ * NaN is written as 0x7FFF. miss[d] (one uint32 in the memory of dst's
+ * device) is set to a nonzero value when some finite v of direction d has nonzero low 16 bits
+ * (BF16 could not hold it; a GEMM reading d then recomputes its output from the stored bytes),
+ * and left as it is otherwise. These are the values of the engine's own decoder, bit for bit.
+ *
+ * Call: exactly `quantize(q, src, args, dst)` (the same bytes, scales, amaxes, counters), plus
+ * decoded->values[d] for each direction d with values[d] != NULL (d must be in args->usage),
+ * stream-ordered on args->stream. decoded->values[d] holds data_shape[0] * data_shape[1] BF16
+ * values (row-major, 16-byte aligned). It returns QR_STATUS_UNSUPPORTED having written and
+ * advanced nothing when this quantizer cannot (options, source dtype, device): the host then
+ * quantizes and decodes in two kernels, with the same results. A plugin without the extra is
+ * served that way too. */
+typedef struct qr_decoded_output {
+  uint32_t struct_size;
+  uint16_t* values[2]; /* [QR_DIRECTION_ROWWISE], [QR_DIRECTION_COLUMNWISE]; NULL: not wanted */
+  uint32_t* miss[2];   /* per direction; never NULL where values[d] is set */
+} qr_decoded_output;
+#define QR_EXTRA_QUANTIZE_DECODED "qr_quantize_decoded"
+typedef qr_status (*qr_quantize_decoded_fn)(qr_quantizer* q, const qr_tensor_view* src,
+                                            const qr_quantize_args* args,
+                                            qr_quantized_tensor* dst,
+                                            const qr_decoded_output* decoded);
+
 /* Exported symbols of every plugin:
  *   const uint32_t qrecipe_plugin_abi = QR_PLUGIN_ABI_VERSION;   (read without running code)
  *   const qr_plugin_descriptor* qrecipe_plugin_entry(const qr_host_api* host);

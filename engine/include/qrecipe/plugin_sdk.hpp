@@ -34,7 +34,13 @@
 //        void quantize_device_amax(const qr_tensor_view& src, const qr_quantize_args& args,
 //                                  const float* amax, qr_quantized_tensor& dst);
 //      (the second throws QR_STATUS_UNSUPPORTED, before writing anything, for a quantizer that
-//      cannot take a device amax). Other extras come from the function given to QR_DEFINE_PLUGIN_EX.
+//      cannot take a device amax). Likewise quantize-and-decode (plugin_abi.h,
+//      QR_EXTRA_QUANTIZE_DECODED; the trampoline has checked the usage and the miss word):
+//        void quantize_decoded(const qr_tensor_view& src, const qr_quantize_args& args,
+//                              qr_quantized_tensor& dst, const qr_decoded_output& decoded);
+//      sdk::decoded_bf16 turns one decoded FP32 value into the BF16 bits the extra writes
+//      (the reference of a CPU tensor: quantize, then decode each stored element with it).
+//      Other extras come from the function given to QR_DEFINE_PLUGIN_EX.
 //   6. A format with QR_SCALE_BLOCK_TENSOR directions gives the class
 //        static constexpr float kTensorScaleNumerator = ...;
 //      and the descriptor carries it as tensor_scale_numerator (plugin_abi.h says what it
@@ -53,6 +59,7 @@
 #include <utility>
 
 #include "qrecipe/checked.hpp"
+#include "qrecipe/conversions.hpp"
 #include "qrecipe/error.hpp"
 #include "qrecipe/plugin_abi.h"
 
@@ -208,6 +215,13 @@ concept HasQuantizeWithTensorCast = requires(Q& q, const qr_tensor_view& src,
 template <class Q>
 concept HasComputeAmaxDevice = requires(Q& q, const qr_tensor_view& src, void* stream,
                                         float* out) { q.compute_amax_device(src, stream, out); };
+template <class Q>
+concept HasQuantizeDecoded = requires(Q& q, const qr_tensor_view& src,
+                                      const qr_quantize_args& args, qr_quantized_tensor& dst,
+                                      const qr_decoded_output& decoded) {
+  q.quantize_decoded(src, args, dst, decoded);
+};
+
 template <class Q>
 concept HasQuantizeDeviceAmax = requires(Q& q, const qr_tensor_view& src,
                                          const qr_quantize_args& args, const float* amax,
@@ -423,6 +437,27 @@ struct Trampolines {
       self(q)->quantize_device_amax(*src, *args, amax, *dst);
     });
   }
+  static qr_status quantize_decoded(qr_quantizer* q, const qr_tensor_view* src,
+                                    const qr_quantize_args* args, qr_quantized_tensor* dst,
+                                    const qr_decoded_output* decoded) noexcept {
+    return guard([&] {
+      QR_CHECK(src && args && dst && decoded, "quantize_decoded called with null arguments");
+      QR_CHECK(args->struct_size >= sizeof(qr_quantize_args),
+               "quantize_decoded: qr_quantize_args struct_size too small");
+      QR_CHECK(decoded->struct_size >= sizeof(qr_decoded_output),
+               "quantize_decoded: qr_decoded_output struct_size ", decoded->struct_size,
+               " is smaller than this plugin's ", sizeof(qr_decoded_output));
+      for (const qr_direction d : {QR_DIRECTION_ROWWISE, QR_DIRECTION_COLUMNWISE}) {
+        if (decoded->values[d] == nullptr) continue;
+        const std::uint32_t bit = d == QR_DIRECTION_ROWWISE ? QR_USAGE_ROWWISE : QR_USAGE_COLUMNWISE;
+        QR_CHECK((args->usage & bit) != 0, "quantize_decoded: decoded values of the ",
+                 d == QR_DIRECTION_ROWWISE ? "rowwise" : "columnwise",
+                 " direction were asked for, but args.usage does not quantize it");
+        QR_CHECK(decoded->miss[d] != nullptr, "quantize_decoded: decoded values need a miss word");
+      }
+      self(q)->quantize_decoded(*src, *args, *dst, *decoded);
+    });
+  }
   static qr_status describe(qr_quantizer* q, char* buffer, std::size_t capacity) noexcept {
     return guard([&] {
       const std::string s = self(q)->describe();
@@ -503,6 +538,12 @@ void* extras(const char* name) {
       return reinterpret_cast<void*>(fn);
     }
   }
+  if constexpr (HasQuantizeDecoded<Q>) {
+    if (std::strcmp(name, QR_EXTRA_QUANTIZE_DECODED) == 0) {
+      const qr_quantize_decoded_fn fn = &Trampolines<Q>::quantize_decoded;
+      return reinterpret_cast<void*>(fn);
+    }
+  }
   if constexpr (HasQuantizeDeviceAmax<Q>) {
     if (std::strcmp(name, QR_EXTRA_QUANTIZE_DEVICE_AMAX) == 0) {
       const qr_quantize_device_amax_fn fn = &Trampolines<Q>::quantize_device_amax;
@@ -538,6 +579,17 @@ inline constexpr std::uint32_t kBuiltDevices =
     (1u << QR_DEVICE_CPU) | (kHasCuda ? 1u << QR_DEVICE_CUDA : 0u);
 
 inline void* no_extras(const char*) { return nullptr; }
+
+// QR_EXTRA_QUANTIZE_DECODED's value of one element (plugin_abi.h): `v` = code value times
+// block scale in FP32, written as its high 16 bits, every NaN as 0x7FFF; `miss` becomes
+// nonzero when a finite v has nonzero low bits. QR_HD, so CUDA kernels apply the same rule.
+QR_HD std::uint16_t decoded_bf16(float v, std::uint32_t& miss) {
+  const std::uint32_t u = num::float_bits(v);
+  const bool special = (u & 0x7F800000u) == 0x7F800000u;
+  if (special && (u & 0x7FFFFFu) != 0) return 0x7FFFu;  // NaN
+  if (!special && (u & 0xFFFFu) != 0) miss = 1u;
+  return static_cast<std::uint16_t>(u >> 16);
+}
 
 // Turns the status of a host call (e.g. a sub-quantizer's quantize) into a thrown
 // qrecipe::Error that keeps the original code, where and message, prefixed by `context`

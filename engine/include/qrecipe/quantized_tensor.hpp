@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <vector>
 #include <string>
@@ -31,6 +32,20 @@ inline std::string usage_str(std::uint32_t usage) {
   if (usage == QR_USAGE_COLUMNWISE) return "columnwise";
   return "none";
 }
+
+// One direction of a QuantizedTensor decoded for emulated GEMMs and kept with it (docs/gemm.md,
+// "Decoded operands kept across GEMMs"): the values as the GEMM back end reads them, in the
+// stored order of the direction's data ([data_shape[0], data_shape[1]] row-major). On CUDA:
+// BF16, block scales applied, per-tensor factors not (they go to the GEMM's alpha), written by
+// the engine's decoder; `miss` is a device word that is nonzero when a value BF16 could not
+// hold exactly (the GEMM then recomputes its output from the stored bytes). On the CPU: FP32,
+// the reference decode, laid out [outer, inner] for the reference product.
+struct DecodedCopy {
+  std::shared_ptr<Buffer> values;
+  DType dtype = DType::bf16;
+  std::shared_ptr<Buffer> miss;  // CUDA only; nullptr where nothing can miss
+  void* stream = nullptr;        // the stream that wrote it: another stream decodes again
+};
 
 class QuantizedTensor {
  public:
@@ -111,6 +126,14 @@ class QuantizedTensor {
     external_ = std::move(o.external_);
     c_ = o.c_;
     c_.format = format_.c_str();
+    allocator_ = std::move(o.allocator_);
+    // The states trade places; the moved-from tensor's is emptied (it holds no direction).
+    std::swap(decoded_, o.decoded_);
+    {
+      std::lock_guard<std::mutex> lock(o.decoded_->mutex);
+      o.decoded_->keep = false;
+      o.decoded_->copies = {};
+    }
     for (int d = 0; d < 2; ++d)
       if (c_.usage & usage_bit(static_cast<qr_direction>(d)))
         direction_data(static_cast<qr_direction>(d)).layout.format = formats_[d].c_str();
@@ -158,11 +181,53 @@ class QuantizedTensor {
     storage_[d].reset();
     external_[d].reset();
     formats_[d].clear();
+    {
+      std::lock_guard<std::mutex> lock(decoded_->mutex);
+      decoded_->copies[d] = {};
+    }
     c_.usage &= ~usage_bit(d);
   }
 
   const qr_quantized_tensor& c() const { return c_; }
   qr_quantized_tensor& c() { return c_; }
+
+  // ---- decoded copies (docs/gemm.md, "Decoded operands kept across GEMMs")
+  //
+  // Off by default. A caller that knows the bytes will not change behind the engine's back
+  // (the adapter's cached weight, python/qrecipe/nn/weight_cache.py) turns it on; the GEMM
+  // back ends then keep each direction they decode with the tensor and reuse it until
+  // invalidate_decoded() (which quantize_into and drop call: a requantize never leaves a stale
+  // copy). Writing the bytes through any other path (an alias of data()) requires a call to
+  // invalidate_decoded() or turning keeping off. Memory: one value per element and direction
+  // (2 bytes on CUDA, 4 on the CPU), on top of the quantized bytes.
+  void set_keep_decoded(bool on) {
+    std::lock_guard<std::mutex> lock(decoded_->mutex);
+    decoded_->keep = on;
+    if (!on) decoded_->copies = {};
+  }
+  bool keeps_decoded() const {
+    std::lock_guard<std::mutex> lock(decoded_->mutex);
+    return decoded_->keep;
+  }
+  // The kept copy of direction d (values nullptr when there is none). Shared ownership: the
+  // copy stays valid for the caller even if it is invalidated meanwhile.
+  DecodedCopy decoded(qr_direction d) const {
+    std::lock_guard<std::mutex> lock(decoded_->mutex);
+    return decoded_->copies[d];
+  }
+  // Keeps `copy` for direction d when keeping is on (ignored otherwise).
+  void keep_decoded(qr_direction d, DecodedCopy copy) const {
+    std::lock_guard<std::mutex> lock(decoded_->mutex);
+    if (decoded_->keep && has(d)) decoded_->copies[d] = std::move(copy);
+  }
+  void invalidate_decoded() const {
+    std::lock_guard<std::mutex> lock(decoded_->mutex);
+    decoded_->copies = {};
+  }
+  // The allocator of the tensor's own buffers (nullptr for a tensor over() outside memory):
+  // decoded copies come from it, so they live where the bytes do (the adapter's: torch's
+  // stream-ordered caching allocator, whose frees never synchronize the device).
+  const std::shared_ptr<Allocator>& allocator() const { return allocator_; }
 
  private:
   // Parts of a direction's allocation start on this boundary (what the Allocator contract
@@ -262,6 +327,7 @@ class QuantizedTensor {
         if (dd.amax.ndim > 0) dd.amax.data = base + at[i].amax;
         dd.data.data = base + at[i].data;
         t.storage_[d] = buffer;
+        t.allocator_ = allocator;
       }
     }
   }
@@ -292,6 +358,15 @@ class QuantizedTensor {
   std::array<std::shared_ptr<Buffer>, 2> storage_;
   // Per direction: what keeps memory given to over() alive (nullptr for allocated tensors).
   std::array<std::shared_ptr<const void>, 2> external_;
+  std::shared_ptr<Allocator> allocator_;
+  // Decoded copies behind a lock (GEMMs on several threads may read one tensor). Held by
+  // pointer so the tensor stays movable; a moved-from tensor gets a fresh, empty state.
+  struct DecodedState {
+    std::mutex mutex;
+    bool keep = false;
+    std::array<DecodedCopy, 2> copies;
+  };
+  std::shared_ptr<DecodedState> decoded_ = std::make_shared<DecodedState>();
   qr_quantized_tensor c_{};
 };
 

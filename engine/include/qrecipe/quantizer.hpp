@@ -68,6 +68,24 @@ class Quantizer {
   // Requantizes into existing buffers (same shape, the directions dst already holds).
   void quantize_into(const TensorView& src, QuantizedTensor& dst,
                      const QuantizeOptions& options = {}) const;
+  // Quantize and decode in one pass (plugin_abi.h, QR_EXTRA_QUANTIZE_DECODED): quantize_into
+  // plus the BF16 values an emulated GEMM reads, written into `decoded` by the plugin. Returns
+  // false, having written nothing, when the plugin has no such extra, refuses this call
+  // (QR_STATUS_UNSUPPORTED) or the amax comes on the device: quantize_into and a decode then
+  // give the same values in two passes. dst's kept decoded copies are dropped either way.
+  bool quantize_decoded_into(const TensorView& src, QuantizedTensor& dst,
+                             const QuantizeOptions& options,
+                             const qr_decoded_output& decoded) const;
+  bool has_quantize_decoded() const;
+  // quantize() for operands of emulated GEMMs (docs/gemm.md, "Decoded operands"): the result
+  // keeps decoded copies (QuantizedTensor::set_keep_decoded), and for the directions in
+  // `decoded_usage` (a subset of usage) of a CUDA source the plugin's quantize kernel writes
+  // them (the BF16 operand and its miss word, what the GEMM's own decoder would write) where
+  // it has the extra; otherwise the first GEMM that reads a direction decodes and keeps it.
+  // Memory: 2 bytes per element and decoded direction, freed with the tensor.
+  QuantizedTensor quantize_decoded(const TensorView& src, std::uint32_t usage,
+                                   std::uint32_t decoded_usage, const QuantizeOptions& options,
+                                   std::shared_ptr<Allocator> allocator) const;
   // Decodes one direction into dst (F32 or BF16, logical [rows, cols], contiguous).
   void dequantize(const QuantizedTensor& src, qr_direction direction, const TensorView& dst,
                   void* stream = nullptr) const;

@@ -3,6 +3,7 @@
 // epilogue. This is the reference every CUDA GEMM is checked against.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -13,33 +14,67 @@ namespace qrecipe {
 
 namespace {
 
-// Decode an operand to FP32 laid out [outer, inner] (inner contiguous).
-std::vector<float> decode_inner_contiguous(const GemmOperand& op) {
+// An operand decoded to FP32 laid out [outer, inner] (inner contiguous): owned here, or the
+// copy kept with its tensor (QuantizedTensor::keeps_decoded, docs/gemm.md "Decoded operands
+// kept across GEMMs"), shared so it outlives an invalidation during this GEMM.
+struct DecodedF32 {
+  std::vector<float> own;
+  std::shared_ptr<Buffer> kept;
+  const float* data() const { return kept ? static_cast<const float*>(kept->data()) : own.data(); }
+};
+
+// Decode an operand to FP32 laid out [outer, inner] (inner contiguous) into `dst`.
+void decode_inner_contiguous(const GemmOperand& op, float* dst) {
   const std::int64_t rows = op.rows(), cols = op.cols();
-  std::vector<float> logical(static_cast<std::size_t>(rows * cols));
+  const std::size_t count = static_cast<std::size_t>(rows * cols);
+  // A rowwise operand is already [outer, inner]; a columnwise one is decoded aside first.
+  std::vector<float> aside(op.direction == QR_DIRECTION_ROWWISE ? 0 : count);
+  float* logical = op.direction == QR_DIRECTION_ROWWISE ? dst : aside.data();
   if (op.tensor) {
     QR_CHECK(op.quantizer != nullptr, "quantized GEMM operand ", op.str(),
              " needs the quantizer that made it (to decode it)");
     op.quantizer->dequantize(*op.tensor, op.direction,
-                             TensorView(logical.data(), DType::f32, {rows, cols}));
+                             TensorView(logical, DType::f32, {rows, cols}));
   } else {
     const TensorView& t = op.high_precision;
     QR_CHECK(t.is_contiguous(), "dense GEMM operand ", op.str(), " must be contiguous");
     if (t.dtype() == DType::f32) {
-      if (!logical.empty()) std::memcpy(logical.data(), t.data(), logical.size() * sizeof(float));
+      if (count) std::memcpy(logical, t.data(), count * sizeof(float));
     } else if (t.dtype() == DType::bf16) {
       const auto* src = t.data_as<const std::uint16_t>();
-      for (std::size_t i = 0; i < logical.size(); ++i) logical[i] = num::bf16_to_f32(src[i]);
+      for (std::size_t i = 0; i < count; ++i) logical[i] = num::bf16_to_f32(src[i]);
     } else {
       QR_THROW("dense GEMM operand ", op.str(), " must be f32 or bf16");
     }
   }
-  if (op.direction == QR_DIRECTION_ROWWISE) return logical;
-  std::vector<float> transposed(logical.size());
+  if (op.direction == QR_DIRECTION_ROWWISE) return;
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c)
-      transposed[static_cast<std::size_t>(c * rows + r)] = logical[static_cast<std::size_t>(r * cols + c)];
-  return transposed;
+      dst[static_cast<std::size_t>(c * rows + r)] = logical[static_cast<std::size_t>(r * cols + c)];
+}
+
+DecodedF32 decoded_operand(const GemmOperand& op) {
+  DecodedF32 out;
+  const std::size_t count = static_cast<std::size_t>(op.rows() * op.cols());
+  if (op.tensor && op.tensor->keeps_decoded()) {
+    DecodedCopy copy = op.tensor->decoded(op.direction);
+    if (copy.values && copy.dtype == DType::f32 && copy.values->bytes() >= count * sizeof(float)) {
+      out.kept = std::move(copy.values);
+      return out;
+    }
+    const auto& allocator = op.tensor->allocator() ? op.tensor->allocator() : cpu_allocator();
+    copy = DecodedCopy{};
+    copy.values = std::make_shared<Buffer>(allocator, count * sizeof(float), Device::cpu(),
+                                           Buffer::Fill::none);
+    copy.dtype = DType::f32;
+    decode_inner_contiguous(op, static_cast<float*>(copy.values->data()));
+    out.kept = copy.values;
+    op.tensor->keep_decoded(op.direction, std::move(copy));
+    return out;
+  }
+  out.own.resize(count);
+  decode_inner_contiguous(op, out.own.data());
+  return out;
 }
 
 // Dot product of two contiguous FP32 runs with 8 independent partial sums (vectorizes; the
@@ -91,8 +126,8 @@ namespace detail {
 GemmPlan gemm_cpu(const GemmOperand& a, const GemmOperand& b, const TensorView& out,
                   const GemmOptions& options) {
   const std::int64_t m = a.outer(), n = b.outer(), k = a.inner();
-  const std::vector<float> fa = decode_inner_contiguous(a);
-  const std::vector<float> fb = decode_inner_contiguous(b);
+  const DecodedF32 fa = decoded_operand(a);
+  const DecodedF32 fb = decoded_operand(b);
   std::vector<float> acc(static_cast<std::size_t>(m * n));
   reference_gemm_f32(fa.data(), fb.data(), acc.data(), m, n, k);
 

@@ -78,6 +78,8 @@ FormatPlugin::FormatPlugin(std::string path, const qr_plugin_descriptor* d)
         d->get_proc_address(QR_EXTRA_COMPUTE_AMAX_DEVICE));
     quantize_device_amax_ = reinterpret_cast<qr_quantize_device_amax_fn>(
         d->get_proc_address(QR_EXTRA_QUANTIZE_DEVICE_AMAX));
+    quantize_decoded_ = reinterpret_cast<qr_quantize_decoded_fn>(
+        d->get_proc_address(QR_EXTRA_QUANTIZE_DECODED));
     // The two come as a pair: a plugin with one of them only is served by the host path.
     if (adam_requantize_ == nullptr || adam_requantize_supports_ == nullptr) {
       adam_requantize_ = nullptr;

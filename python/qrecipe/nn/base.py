@@ -153,10 +153,14 @@ class QuantizedModule(ScalingStateMixin, torch.nn.Module):
         gpu = recipe.plan_linear(self.MODULE_TYPE, name, in_features, out_features, gpu_tokens,
                                  "sm90", dtype=dtype)
         native_on_gpu = frozenset(k for k in _GEMM_KINDS if gpu[k].path == _C.GemmPath.native)
+        # And which it emulates there (decoded operands: linear_gemms.decoded_usage).
+        emulated_on_gpu = frozenset(k for k in _GEMM_KINDS
+                                    if gpu[k].path == _C.GemmPath.emulated)
         roles = LinearRoles(input=plan.pop("input"), weight=plan.pop("weight"),
                             grad_output=plan.pop("grad_output"),
                             plan={**plan, "name": name, "out_features": out_features,
-                                  "native_on_gpu": native_on_gpu})
+                                  "native_on_gpu": native_on_gpu,
+                                  "emulated_on_gpu": emulated_on_gpu})
         # Linears reading the same input under this stateless spec share its quantization.
         roles.plan["input_share"] = share_key(roles.input)
         per_recipe[gemm] = roles

@@ -104,17 +104,22 @@ def refuse_graph_capture(like: torch.Tensor, step: str, name: str = "") -> None:
 
 
 def _quantize(quantizer, tensor: torch.Tensor, usage: int,
-              amax: Optional[torch.Tensor] = None):
+              amax: Optional[torch.Tensor] = None, decoded: int = 0):
     """Every quantization of a linear layer's operands (here, in the operators of
     compile_ops.py and per expert in grouped_linear_function.py) goes through here (tests
     count the calls), and telemetry observes them here (only a flag test when it is off).
-    `amax`: the tensor's amax already computed on the device (a fused norm's, norm_amax.py)."""
+    `amax`: the tensor's amax already computed on the device (a fused norm's, norm_amax.py).
+    `decoded`: the directions (of `usage`) whose GEMM runs emulated on this CUDA tensor
+    (decoded_usage): the quantize kernel also writes their BF16 operand where the plugin can,
+    so the GEMM does not decode the bytes again (docs/gemm.md, "Decoded operands")."""
     refuse_graph_capture(tensor, f"quantization of role {quantizer.role}")
-    if amax is None:
-        quantized = quantizer.quantize(tensor, usage)
-    else:
+    if amax is not None:
         quantized = quantizer.quantize(tensor, usage, amax=amax)
         norm_amax.stats["used"] += 1
+    elif decoded and tensor.is_cuda:
+        quantized = quantizer.quantize_decoded(tensor, usage, decoded)
+    else:
+        quantized = quantizer.quantize(tensor, usage)
     if _telemetry.state.on:
         _telemetry.observe(quantizer, tensor, quantized)
     return quantized
@@ -132,11 +137,28 @@ def observe_groups(quantizer, tensor: torch.Tensor, group_rows, quantized) -> No
         start += n
 
 
-def operand(quantizer, tensor: torch.Tensor, usage: int):
-    """A GEMM operand: `tensor` quantized with `usage`, or dense when `quantizer` is None."""
+def operand(quantizer, tensor: torch.Tensor, usage: int, decoded: int = 0):
+    """A GEMM operand: `tensor` quantized with `usage`, or dense when `quantizer` is None.
+    `decoded`: as for _quantize."""
     if quantizer is None:
         return dense(tensor)
+    if decoded and tensor.is_cuda:
+        return _quantize(quantizer, tensor, usage, decoded=decoded)
     return _quantize(quantizer, tensor, usage)
+
+
+def decoded_usage(plan: dict, **kinds: int) -> int:
+    """The directions worth decoding in the quantize pass: for each GEMM kind given (``fprop=
+    ROWWISE``: the direction of this operand that GEMM reads), when the GEMM is emulated on
+    the GPU and reads the operand right away. Not for an operand saved for backward (its
+    decoded copy would not survive saved_operands.py's packing, and would cost 2 bytes an
+    element of activation memory), nor where nothing is emulated."""
+    emulated = plan.get("emulated_on_gpu", frozenset())
+    bits = 0
+    for kind, direction in kinds.items():
+        if kind in emulated:
+            bits |= direction
+    return bits
 
 
 def keep_columnwise(op):
@@ -251,12 +273,13 @@ def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     elif amax is not None:
         x_op = _quantize(roles.input, x2, x_usage, amax)
     else:
-        x_op = operand(roles.input, x2, x_usage)
+        x_op = operand(roles.input, x2, x_usage, decoded_usage(roles.plan, fprop=ROWWISE))
     if weight_op is not None:
         w_op = weight_op
     else:
         w_op = operand(roles.weight, weight.contiguous(),
-                       ROWWISE | (COLUMNWISE if need_dgrad else 0))
+                       ROWWISE | (COLUMNWISE if need_dgrad else 0),
+                       decoded_usage(roles.plan, fprop=ROWWISE))
     y = gemm("fprop", x_op, "rowwise", w_op, "rowwise", x2.shape[0], weight.shape[0], x,
              x.dtype, bias)
     y = y.reshape(*x.shape[:-1], weight.shape[0])
@@ -294,7 +317,9 @@ def linear_backward(dy2: torch.Tensor, saved_x, saved_w, roles: LinearRoles, *, 
     tokens, out_features = dy2.shape
     in_features = x_shape[-1]
     if dy_op is None:
-        dy_op = operand(roles.grad_output, dy2, usage)
+        dy_op = operand(roles.grad_output, dy2, usage,
+                        decoded_usage(roles.plan, dgrad=ROWWISE if need_dgrad else 0,
+                                      wgrad=COLUMNWISE if need_wgrad else 0))
     wgrad_out = None
     if need_wgrad:
         # Either output is made here, on the current stream.

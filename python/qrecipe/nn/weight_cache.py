@@ -24,11 +24,24 @@ correctness.
 The operand holds the directions the step needs: rowwise for fprop, plus columnwise (dgrad)
 when gradients are enabled at the first micro-batch, so a later micro-batch needing dgrad
 finds it. Backward uses the kept operand as is (it is never trimmed to columnwise only).
+
+Decoded copies. Where a GEMM of the weight is emulated (MXFP8 and NVFP4 on Hopper; every GEMM
+on the CPU, which decodes to FP32), the engine decodes the weight's bytes before the GEMM. A
+kept operand also keeps what each direction decodes to (``QuantizedTensor.keep_decoded``;
+docs/gemm.md, "Decoded operands kept across GEMMs"): fprop decodes the rowwise bytes once,
+dgrad the columnwise ones once, and later micro-batches reuse both. The copies belong to the
+operand, so they go with it: a stale entry's replacement starts without any, and the engine
+drops them when the bytes are requantized in place. Results are bit-identical either way.
+Memory: 2 bytes per weight element and direction on CUDA (4 on the CPU), on top of the
+quantized bytes (8192 x 8192: 128 MiB per direction). ``set_keep_decoded(False)`` (or the
+environment variable ``QRECIPE_KEEP_DECODED_WEIGHTS=0`` at import) turns it off and drops the
+copies held now.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -60,6 +73,35 @@ _cache: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
 
 # Counters for tests and for users checking that caching works.
 stats: Dict[str, int] = {"quantized": 0, "reused": 0, "stale": 0}
+
+
+def _env_keep_decoded() -> bool:
+    value = os.environ.get("QRECIPE_KEEP_DECODED_WEIGHTS", "1").strip().lower()
+    if value in ("1", "true", "yes", "on", ""):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"QRECIPE_KEEP_DECODED_WEIGHTS={value!r}: expected 1 or 0 (whether kept "
+                     "weights also keep their decoded copies for emulated GEMMs)")
+
+
+_keep_decoded = _env_keep_decoded()
+
+
+def keep_decoded() -> bool:
+    """Whether kept weight operands also keep their decoded copies (module docstring)."""
+    return _keep_decoded
+
+
+def set_keep_decoded(on: bool) -> None:
+    """Turns decoded copies of kept weights on or off; off drops the copies held now."""
+    global _keep_decoded
+    if not isinstance(on, bool):
+        raise TypeError(f"set_keep_decoded takes True or False, got {on!r}")
+    _keep_decoded = on
+    for per_weight in list(_cache.values()):
+        for entry in per_weight.values():
+            entry.operand.keep_decoded = on
 
 
 def cached_weight_operand(weight: torch.Tensor, quantizer, usage: int,
@@ -114,6 +156,9 @@ def keep(weight: torch.Tensor, quantizer, usage: int, operand, generation: int =
     (GroupedLinear quantizes all experts in one grouped call, then keeps each expert's)."""
     owner, index = (weight, 0) if group is None else group
     stats["quantized"] += 1
+    # The operand is this cache's own (nothing else writes its bytes), so its decoded copies
+    # can be kept with it.
+    operand.keep_decoded = _keep_decoded
     per_weight = _cache.get(owner)
     if per_weight is None:
         per_weight = {}
@@ -121,6 +166,12 @@ def keep(weight: torch.Tensor, quantizer, usage: int, operand, generation: int =
     per_weight[(id(quantizer), index)] = _Entry(
         operand, quantizer, usage, owner._version, generation, weight.data_ptr(), weight.shape,
         weight.dtype, weight.device)
+
+
+def kept_operands(weight: torch.Tensor) -> List[object]:
+    """The quantized operands kept for `weight` now (one per quantizer and group), e.g. to
+    read their ``decoded_directions()`` or ``decoded_bytes()``."""
+    return [entry.operand for entry in _cache.get(weight, {}).values()]
 
 
 def clear(weight: Optional[torch.Tensor] = None) -> None:

@@ -64,7 +64,9 @@ using detail::DeviceGuard;
 // (cudaFree of the old one waits for the work that used it) and is kept until the thread exits.
 // The set also holds the exactness flag's epoch (see "the emulated path"): the flag word lives in
 // kSlotScalars, after the four scalars.
-enum Slot { kSlotA = 0, kSlotB = 1, kSlotProduct = 2, kSlotScalars = 3, kSlotBias = 4, kSlots = 5 };
+// kSlotSaved holds the output an accumulating GEMM may redo when no decoded operand's scratch
+// can (its operands are copies kept with their tensors, which must not be overwritten).
+enum Slot { kSlotA = 0, kSlotB = 1, kSlotProduct = 2, kSlotScalars = 3, kSlotBias = 4, kSlotSaved = 5, kSlots = 6 };
 constexpr std::size_t kScalarsBytes = 64;  // [alpha, beta, alpha, 0] floats, then the flag word
 
 struct ScratchSet {
@@ -530,6 +532,38 @@ gemm_kernels::ExactOperand exact_operand(const GemmOperand& g, const OperandTrai
   return x;
 }
 
+// The BF16 copy of a quantized operand kept with its tensor (QuantizedTensor::keeps_decoded;
+// docs/gemm.md, "Decoded operands kept across GEMMs"): the kept one when it was written on this
+// stream, else decoded now by the same decoder into memory from the tensor's allocator, with
+// its own miss word (set by the check, as a GEMM's flag would be, with epoch 1), and kept.
+DecodedCopy kept_bf16(const Context& c, const GemmOperand& g, const Bf16Plan& p) {
+  const auto& st = p.stored;
+  const std::size_t bytes = static_cast<std::size_t>(st.rows * st.cols) * 2;
+  const Device device = Device::cuda(c.device);
+  DecodedCopy copy = g.tensor->decoded(g.direction);
+  if (copy.values && copy.dtype == DType::bf16 && copy.stream == c.options.stream &&
+      copy.values->device() == device && copy.values->bytes() >= bytes && (copy.miss || !p.needs_check))
+    return copy;
+  const std::shared_ptr<Allocator> allocator = g.tensor->allocator() ? g.tensor->allocator() : cuda_allocator();
+  copy = DecodedCopy{};
+  copy.values = std::make_shared<Buffer>(allocator, bytes, device, Buffer::Fill::none);
+  copy.dtype = DType::bf16;
+  copy.stream = c.options.stream;
+  gemm_kernels::ExactnessFlag own;
+  if (p.needs_check) {
+    copy.miss = std::make_shared<Buffer>(allocator, sizeof(std::uint32_t), device, Buffer::Fill::zero);
+    own.word = static_cast<std::uint32_t*>(copy.miss->data());
+    own.epoch = 1;
+  }
+  gemm_kernels::DecodeJob job;
+  job.op = st;
+  job.dst = static_cast<std::uint16_t*>(copy.values->data());
+  job.check = p.needs_check;
+  gemm_kernels::decode_to_bf16(&job, 1, gemm_kernels::Scalars{}, own, c.options.stream);
+  g.tensor->keep_decoded(g.direction, copy);
+  return copy;
+}
+
 // Emulated and dense GEMMs (CUBLAS_COMPUTE_32F, no TF32: the reference accumulates FP32 products
 // of the decoded values). Returns the operand type and, in `note`, why FP32 when it is, or
 // which operands the device checks.
@@ -565,10 +599,21 @@ DType run_decoded(const Context& c, const OperandTraits& ta, const OperandTraits
     const Bf16Plan* plans[2] = {&pa, &pb};
     const GemmOperand* ops[2] = {&c.a, &c.b};
     gemm_kernels::DecodeJob jobs[2];
+    DecodedCopy kept[2];  // held until the GEMM is enqueued
+    const std::uint32_t* misses[2] = {nullptr, nullptr};
     int count = 0;
     for (int i = 0; i < 2; ++i) {
       if (plans[i]->dense) {
         data[i] = ops[i]->high_precision.data();
+        continue;
+      }
+      if (plans[i]->needs_check)
+        note += std::string(note.empty() ? "" : "; ") + "exactness of " + ops[i]->str() + " checked on the device";
+      if (ops[i]->tensor->keeps_decoded()) {
+        kept[i] = kept_bf16(c, *ops[i], *plans[i]);
+        data[i] = kept[i].values->data();
+        if (kept[i].miss) misses[i] = static_cast<const std::uint32_t*>(kept[i].miss->data());
+        note += std::string(note.empty() ? "" : "; ") + ops[i]->str() + " decoded once and kept with its tensor";
         continue;
       }
       const auto& st = plans[i]->stored;
@@ -582,10 +627,10 @@ DType run_decoded(const Context& c, const OperandTraits& ta, const OperandTraits
       jobs[count].check = plans[i]->needs_check;
       ++count;
       data[i] = buffer;
-      if (plans[i]->needs_check)
-        note += std::string(note.empty() ? "" : "; ") + "exactness of " + ops[i]->str() + " checked on the device";
     }
+    if (save && saved == nullptr) saved = scratch(c.device, stream, kSlotSaved, out_bytes);
     gemm_kernels::decode_to_bf16(jobs, count, scalars, flag, stream);
+    if (check) gemm_kernels::inherit_misses(misses[0], misses[1], flag, stream);
     if (save) gemm_kernels::copy_if_flagged(saved, c.out.data(), static_cast<std::int64_t>(out_bytes), flag, stream);
     const Op a = bf16_operand(c.a, ta, data[0]), b = bf16_operand(c.b, tb, data[1]);
     std::string status;

@@ -444,6 +444,10 @@ __global__ void decode1_kernel(StoredOperand op, std::uint16_t* __restrict__ dst
   if (miss) *flag.word = flag.epoch;
 }
 
+__global__ void inherit_misses_kernel(const std::uint32_t* a, const std::uint32_t* b, ExactnessFlag flag) {
+  if ((a != nullptr && *a != 0) || (b != nullptr && *b != 0)) *flag.word = flag.epoch;
+}
+
 __global__ void copy_if_flagged_kernel(std::uint8_t* __restrict__ dst, const std::uint8_t* __restrict__ src,
                                        std::int64_t bytes, ExactnessFlag flag) {
   if (*flag.word != flag.epoch) return;
@@ -733,6 +737,13 @@ void decode_to_bf16(const DecodeJob* jobs, int count, const Scalars& scalars, co
 void write_scalars(const Scalars& scalars, void* stream) {
   write_scalars_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(scalars);
   check_launch("write_scalars", 1);
+}
+
+void inherit_misses(const std::uint32_t* a, const std::uint32_t* b, const ExactnessFlag& flag, void* stream) {
+  if (a == nullptr && b == nullptr) return;
+  QR_CHECK_CODE(flag.word != nullptr, QR_STATUS_INTERNAL, "inherit_misses needs a flag");
+  inherit_misses_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(a, b, flag);
+  check_launch("inherit_misses", 1);
 }
 
 void copy_if_flagged(void* dst, const void* src, std::int64_t bytes, const ExactnessFlag& flag, void* stream) {

@@ -119,6 +119,12 @@ struct DecodeJob {
 void decode_to_bf16(const DecodeJob* jobs, int count, const Scalars& scalars, const ExactnessFlag& flag,
                     void* stream);
 
+// Sets the flag (*flag.word = flag.epoch) when *a or *b (either may be nullptr) is nonzero: the
+// miss words of decoded copies kept with their tensors (QuantizedTensor::decoded), written
+// when the copy was decoded, so a GEMM that reuses a copy recomputes exactly as one that
+// decoded it now would.
+void inherit_misses(const std::uint32_t* a, const std::uint32_t* b, const ExactnessFlag& flag, void* stream);
+
 // Copies `bytes` from src to dst when *flag.word == flag.epoch; otherwise returns at once.
 // (Saves an output that an accumulating GEMM is about to overwrite, for the exact GEMM.)
 void copy_if_flagged(void* dst, const void* src, std::int64_t bytes, const ExactnessFlag& flag, void* stream);
