@@ -134,37 +134,35 @@ __device__ __forceinline__ void cp_async_wait_all_but_one() {
 
 template <class In, bool kTile128x128, Directions D>
 __global__ void __launch_bounds__(QuantizeTile<In>::kThreads, QuantizeTile<In>::kMinBlocksPerSM)
-    quantize_persistent_kernel(const QuantizeParams<In> p, const unsigned tile_cols) {
+    quantize_persistent_kernel(const QuantizeParams<In> p, const std::int64_t tile_cols) {
   using T = QuantizeTile<In>;
   using S = PersistentStage<In>;
   constexpr int R = sdk::cuda::kTileRowsPerLane, C = sdk::cuda::kTileColsPerLane;
   __shared__ QuantizeShared<In, kTile128x128, D> sh;
   extern __shared__ uint4 stage[];  // [2][R][kThreads]
-  // Tile indices in 32 bits (the launcher checked the count): their divisions are cheaper and
-  // need fewer registers than 64-bit ones.
-  const unsigned tiles = static_cast<unsigned>(p.tile_rows) * tile_cols;
-  const unsigned grid = gridDim.x;
+  const std::int64_t tiles = p.tile_rows * tile_cols;
+  const std::int64_t grid = gridDim.x;
   const std::uint32_t own = static_cast<std::uint32_t>(__cvta_generic_to_shared(stage)) +
                             static_cast<std::uint32_t>(threadIdx.x * sizeof(uint4));
   // Interior tiles of an aligned request are staged; the rest load by themselves.
-  auto staged = [&](unsigned t) {
-    return p.all_aligned && (std::int64_t{t % tile_cols} + 1) * T::kCols <= p.cols &&
-           (std::int64_t{t / tile_cols} + 1) * T::kRows <= p.rows;
+  auto staged = [&](std::int64_t t) {
+    return p.all_aligned && (t % tile_cols + 1) * T::kCols <= p.cols &&
+           (t / tile_cols + 1) * T::kRows <= p.rows;
   };
-  auto copy_tile = [&](unsigned t, int buffer) {
+  auto copy_tile = [&](std::int64_t t, int buffer) {
     const TileLane L = tile_lane<true>(p, t / tile_cols, t % tile_cols);
 #pragma unroll
     for (int i = 0; i < R; ++i)
       cp_async16(own + buffer * S::kBufferBytes + i * S::kRunPitch,
                  p.src + L.lane_offset + i * p.cols);
   };
-  unsigned t = blockIdx.x;  // the grid never exceeds the tile count
+  std::int64_t t = blockIdx.x;  // the grid never exceeds the tile count
   bool here = staged(t);
   if (here) copy_tile(t, 0);
   cp_async_commit();
   int buffer = 0;
   for (;;) {
-    const unsigned next = t + grid;  // < 2 * tiles <= 2^32 - 2: no wrap
+    const std::int64_t next = t + grid;
     const bool has_next = next < tiles;
     const bool next_here = has_next && staged(next);
     if (next_here) copy_tile(next, buffer ^ 1);
@@ -278,10 +276,6 @@ bool quantize_one_cta_a_tile() {
 template <class In, bool kTile128x128, Directions D>
 void launch_quantize_persistent(const QuantizeParams<In>& p, std::int64_t tile_cols,
                                 cudaStream_t stream) {
-  const std::int64_t tiles = p.tile_rows * tile_cols;
-  QR_CHECK(tiles <= INT_MAX, "blockwise CUDA quantize: ", p.rows, " x ", p.cols, " needs ", tiles,
-           " tiles of ", QuantizeTile<In>::kRows, "x", QuantizeTile<In>::kCols, "; at most ",
-           INT_MAX, " (split the tensor)");
   using T = QuantizeTile<In>;
   using S = PersistentStage<In>;
   // The 64 KB of dynamic shared memory exceed the default 48 KB: raise the kernel's limit once
@@ -305,12 +299,12 @@ void launch_quantize_persistent(const QuantizeParams<In>& p, std::int64_t tile_c
         &n, quantize_persistent_kernel<In, kTile128x128, D>, T::kThreads, S::kDynamicBytes));
     return n < 1 ? 1 : n;
   }();
+  const std::int64_t tiles = p.tile_rows * tile_cols;
   const std::int64_t resident =
       static_cast<std::int64_t>(sdk::cuda::sm_count(kFormat)) * blocks_per_sm;
   const std::int64_t blocks = tiles < resident ? tiles : resident;
   quantize_persistent_kernel<In, kTile128x128, D>
-      <<<static_cast<unsigned>(blocks), T::kThreads, S::kDynamicBytes, stream>>>(
-          p, static_cast<unsigned>(tile_cols));
+      <<<static_cast<unsigned>(blocks), T::kThreads, S::kDynamicBytes, stream>>>(p, tile_cols);
   QR_CUDA_CHECK_LAUNCH("blockwise quantize_persistent_kernel");
 }
 
