@@ -150,22 +150,6 @@ __device__ __forceinline__ TileLane tile_lane(const QuantizeParams<In>& p, std::
   return L;
 }
 
-// The lane's R runs as FP32 (x[i]: run i). Returns whether any of them is NaN.
-template <class In>
-__device__ __forceinline__ bool decode_lane_values(
-    const Raw8<In> (&raw)[sdk::cuda::kTileRowsPerLane],
-    float (&x)[sdk::cuda::kTileRowsPerLane][sdk::cuda::kTileColsPerLane]) {
-  constexpr int R = sdk::cuda::kTileRowsPerLane, C = sdk::cuda::kTileColsPerLane;
-  bool has_nan = false;
-#pragma unroll
-  for (int i = 0; i < R; ++i) {
-    decode_raw8<In>(raw[i], x[i]);
-#pragma unroll
-    for (int k = 0; k < C; ++k) has_nan |= x[i][k] != x[i][k];
-  }
-  return has_nan;
-}
-
 // Step 1: the lane's R runs of C elements (one 16-byte load a row, all issued first; outside
 // the tensor +0), as FP32. Returns whether any of them is NaN.
 template <bool kInterior, class In>
@@ -184,7 +168,14 @@ __device__ __forceinline__ bool load_lane_values(
       load_raw8<In>(p.src, offset, valid, p.load_aligned && valid == C, raw[i]);
     }
   }
-  return decode_lane_values<In>(raw, x);
+  bool has_nan = false;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    decode_raw8<In>(raw[i], x[i]);
+#pragma unroll
+    for (int k = 0; k < C; ++k) has_nan |= x[i][k] != x[i][k];
+  }
+  return has_nan;
 }
 
 // Step 2: the lane's partial amaxes into shared memory (rows and columns outside the tensor
@@ -343,23 +334,6 @@ __device__ __forceinline__ void store_columnwise_codes(
   }
 }
 
-// Steps 2 to 5 of quantize_tile on the lane's values, however they were loaded (step 1, or
-// the persistent kernel's prefetch of blockwise_kernels.cu).
-template <bool kInterior, class In, bool kTile128x128, Directions D>
-__device__ __forceinline__ void quantize_tile_values(
-    const QuantizeParams<In>& p, std::int64_t tile_row, std::int64_t tile_col, const TileLane& L,
-    const float (&x)[sdk::cuda::kTileRowsPerLane][sdk::cuda::kTileColsPerLane], bool has_nan,
-    QuantizeShared<In, kTile128x128, D>& sh) {
-  publish_partial_amaxes<In, kTile128x128, D>(L, x, sh);
-  __syncthreads();
-  publish_scales<kInterior, In, kTile128x128, D>(p, tile_row, tile_col, L, sh);
-  __syncthreads();
-  if constexpr (has_rowwise(D))
-    store_rowwise_codes<kInterior, In, kTile128x128, D>(p, L, x, has_nan, sh);
-  if constexpr (has_columnwise(D))
-    store_columnwise_codes<kInterior, In, kTile128x128, D>(p, L, x, has_nan, sh);
-}
-
 // Quantizes the tile (tile_row, tile_col), both requested directions, in five steps with two
 // barriers. kInterior: the tile lies inside the tensor and every buffer is aligned
 // (p.all_aligned), so every run is a whole vector.
@@ -371,7 +345,14 @@ __device__ __forceinline__ void quantize_tile(const QuantizeParams<In>& p, std::
   const TileLane L = tile_lane<kInterior>(p, tile_row, tile_col);
   float x[R][C];
   const bool has_nan = load_lane_values<kInterior>(p, L, x);
-  quantize_tile_values<kInterior, In, kTile128x128, D>(p, tile_row, tile_col, L, x, has_nan, sh);
+  publish_partial_amaxes<In, kTile128x128, D>(L, x, sh);
+  __syncthreads();
+  publish_scales<kInterior, In, kTile128x128, D>(p, tile_row, tile_col, L, sh);
+  __syncthreads();
+  if constexpr (has_rowwise(D))
+    store_rowwise_codes<kInterior, In, kTile128x128, D>(p, L, x, has_nan, sh);
+  if constexpr (has_columnwise(D))
+    store_columnwise_codes<kInterior, In, kTile128x128, D>(p, L, x, has_nan, sh);
 }
 
 // The edge tiles, out of line: their bounds checks and scalar fallbacks keep more values live,

@@ -29,19 +29,14 @@
 // (rowwise, columnwise, both) has its own kernel instance, and tiles inside the tensor run a
 // path without bounds checks (about 35 % fewer instructions than the previous single kernel,
 // e.g. 36M instead of 64M warp instructions for 1x128 both directions of a bf16 8192 x 8192
-// tensor). 16-bit sources run it from a persistent grid (quantize_persistent_kernel) that
-// prefetches each CTA's next tile with cp.async while it works on the current one.
-// Bytes moved per element, both directions: the source once (4 B f32 / 2 B bf16),
+// tensor). Bytes moved per element, both directions: the source once (4 B f32 / 2 B bf16),
 // 1 B rowwise + 1 B columnwise data, and 8/128 B (1x128) or 8/16384 B (128x128) of scale_inv.
 #include "blockwise_kernels.hpp"
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <climits>
-#include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "blockwise_device.cuh"
@@ -96,101 +91,6 @@ __global__ void __launch_bounds__(QuantizeTile<In>::kThreads, QuantizeTile<In>::
     else
       quantize_edge_tile<In, kTile128x128, D>(p, tile_row, tile_col, sh);
     if (tile_row + gridDim.y < p.tile_rows) __syncthreads();  // `sh` is reused
-  }
-}
-
-// Fused quantize of 16-bit sources, persistent: a grid of the CTAs resident at once, each
-// looping over the tiles t = blockIdx.x, + gridDim.x, ... (row-major, as the grid above). Before
-// it works on a tile, a thread copies its runs of its NEXT tile into the other half of a
-// double buffer (cp.async, 16 bytes a run: 32 KB a tile), so the source reads of a tile overlap
-// the amaxes, scales and stores of the one before; the one-tile-a-CTA kernel above has no load
-// in flight while its CTAs are between their barriers and stores. A thread reads back only
-// what it copied itself (cp.async.wait_group orders it, no barrier), at stage[buffer][i][t],
-// so the reads of a warp are 32 consecutive 16-byte slots. Tiles that are not interior (or
-// every tile when a buffer is not aligned) run quantize_edge_tile, which loads by itself.
-// Same tile code (quantize_tile_values), so the same bytes as the kernel above.
-template <class In>
-struct PersistentStage {
-  static_assert(sizeof(typename In::Storage) == 2, "one 16-byte run a lane row");
-  static constexpr int kRuns = sdk::cuda::kTileRowsPerLane;
-  static constexpr int kThreads = QuantizeTile<In>::kThreads;
-  static constexpr std::uint32_t kRunPitch = kThreads * sizeof(uint4);      // 8 KB
-  static constexpr std::uint32_t kBufferBytes = kRuns * kRunPitch;          // 32 KB
-  static constexpr std::size_t kDynamicBytes = 2 * std::size_t{kBufferBytes};  // 64 KB
-};
-
-__device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-// Waits until at most one of this thread's committed copy groups is in flight.
-__device__ __forceinline__ void cp_async_wait_all_but_one() {
-  asm volatile("cp.async.wait_group 1;" ::: "memory");
-}
-
-template <class In, bool kTile128x128, Directions D>
-__global__ void __launch_bounds__(QuantizeTile<In>::kThreads, QuantizeTile<In>::kMinBlocksPerSM)
-    quantize_persistent_kernel(const QuantizeParams<In> p, const std::int64_t tile_cols) {
-  using T = QuantizeTile<In>;
-  using S = PersistentStage<In>;
-  constexpr int R = sdk::cuda::kTileRowsPerLane, C = sdk::cuda::kTileColsPerLane;
-  __shared__ QuantizeShared<In, kTile128x128, D> sh;
-  extern __shared__ uint4 stage[];  // [2][R][kThreads]
-  const std::int64_t tiles = p.tile_rows * tile_cols;
-  const std::int64_t grid = gridDim.x;
-  const std::uint32_t own = static_cast<std::uint32_t>(__cvta_generic_to_shared(stage)) +
-                            static_cast<std::uint32_t>(threadIdx.x * sizeof(uint4));
-  // Interior tiles of an aligned request are staged; the rest load by themselves.
-  auto staged = [&](std::int64_t t) {
-    return p.all_aligned && (t % tile_cols + 1) * T::kCols <= p.cols &&
-           (t / tile_cols + 1) * T::kRows <= p.rows;
-  };
-  auto copy_tile = [&](std::int64_t t, int buffer) {
-    const TileLane L = tile_lane<true>(p, t / tile_cols, t % tile_cols);
-#pragma unroll
-    for (int i = 0; i < R; ++i)
-      cp_async16(own + buffer * S::kBufferBytes + i * S::kRunPitch,
-                 p.src + L.lane_offset + i * p.cols);
-  };
-  std::int64_t t = blockIdx.x;  // the grid never exceeds the tile count
-  bool here = staged(t);
-  if (here) copy_tile(t, 0);
-  cp_async_commit();
-  int buffer = 0;
-  for (;;) {
-    const std::int64_t next = t + grid;
-    const bool has_next = next < tiles;
-    const bool next_here = has_next && staged(next);
-    if (next_here) copy_tile(next, buffer ^ 1);
-    cp_async_commit();  // possibly empty: the wait below then still means "this tile"
-    const std::int64_t tile_row = t / tile_cols, tile_col = t % tile_cols;
-    if (here) {
-      cp_async_wait_all_but_one();
-      Raw8<In> raw[R];
-#pragma unroll
-      for (int i = 0; i < R; ++i) {
-        const uint4 v = stage[(buffer * R + i) * T::kThreads + threadIdx.x];
-        raw[i].w[0] = v.x;
-        raw[i].w[1] = v.y;
-        raw[i].w[2] = v.z;
-        raw[i].w[3] = v.w;
-      }
-      const TileLane L = tile_lane<true>(p, tile_row, tile_col);
-      float x[R][C];
-      const bool has_nan = decode_lane_values<In>(raw, x);
-      quantize_tile_values<true, In, kTile128x128, D>(p, tile_row, tile_col, L, x, has_nan, sh);
-    } else {
-      quantize_edge_tile<In, kTile128x128, D>(p, tile_row, tile_col, sh);
-    }
-    if (!has_next) break;
-    __syncthreads();  // `sh` is reused
-    t = next;
-    here = next_here;
-    buffer ^= 1;
   }
 }
 
@@ -259,66 +159,11 @@ __global__ void __launch_bounds__(kTransposeThreads)
 // ---------------------------------------------------------------- 4. launchers, entries
 
 
-// Which kernel quantizes 16-bit sources: the persistent one (default,
-// QRECIPE_BLOCKWISE_QUANTIZE_KERNEL unset or "persistent") or one CTA a tile ("tiles", the
-// kernel they ran on before; kept so one GPU run can time both). Both write the same bytes.
-bool quantize_one_cta_a_tile() {
-  static const bool tiles = [] {
-    const char* v = std::getenv("QRECIPE_BLOCKWISE_QUANTIZE_KERNEL");
-    const std::string s = v ? v : "";
-    QR_CHECK(s.empty() || s == "persistent" || s == "tiles", "QRECIPE_BLOCKWISE_QUANTIZE_KERNEL='",
-             s, "' is not persistent or tiles (unset it for the default, persistent)");
-    return s == "tiles";
-  }();
-  return tiles;
-}
-
-template <class In, bool kTile128x128, Directions D>
-void launch_quantize_persistent(const QuantizeParams<In>& p, std::int64_t tile_cols,
-                                cudaStream_t stream) {
-  using T = QuantizeTile<In>;
-  using S = PersistentStage<In>;
-  // The 64 KB of dynamic shared memory exceed the default 48 KB: raise the kernel's limit once
-  // per device, the current one (the first call is an eager one, before any CUDA-graph
-  // capture).
-  constexpr int kMaxDevices = 128;
-  static std::atomic<bool> allowed[kMaxDevices];
-  int device = 0;
-  QR_CUDA_CHECK(cudaGetDevice(&device));
-  QR_CHECK(device >= 0 && device < kMaxDevices, "blockwise CUDA quantize: device index ", device,
-           " is out of range 0..", kMaxDevices - 1);
-  if (!allowed[device].load(std::memory_order_acquire)) {
-    QR_CUDA_CHECK(cudaFuncSetAttribute(quantize_persistent_kernel<In, kTile128x128, D>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(S::kDynamicBytes)));
-    allowed[device].store(true, std::memory_order_release);
-  }
-  static const int blocks_per_sm = [] {
-    int n = 0;
-    QR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &n, quantize_persistent_kernel<In, kTile128x128, D>, T::kThreads, S::kDynamicBytes));
-    return n < 1 ? 1 : n;
-  }();
-  const std::int64_t tiles = p.tile_rows * tile_cols;
-  const std::int64_t resident =
-      static_cast<std::int64_t>(sdk::cuda::sm_count(kFormat)) * blocks_per_sm;
-  const std::int64_t blocks = tiles < resident ? tiles : resident;
-  quantize_persistent_kernel<In, kTile128x128, D>
-      <<<static_cast<unsigned>(blocks), T::kThreads, S::kDynamicBytes, stream>>>(p, tile_cols);
-  QR_CUDA_CHECK_LAUNCH("blockwise quantize_persistent_kernel");
-}
-
 template <class In, bool kTile128x128, Directions D>
 void launch_quantize(const QuantizeArgs& a) {
   using T = QuantizeTile<In>;
   const QuantizeParams<In> p = quantize_params<In, D>(a);
   const std::int64_t tile_cols = ceil_div(a.cols, T::kCols);
-  if constexpr (sizeof(typename In::Storage) == 2) {
-    if (!quantize_one_cta_a_tile()) {
-      launch_quantize_persistent<In, kTile128x128, D>(p, tile_cols, as_stream(a.stream));
-      return;
-    }
-  }
   QR_CHECK(tile_cols <= INT_MAX, "blockwise CUDA quantize: ", a.cols, " columns need ",
            tile_cols, " tiles of ", T::kCols, " columns; at most ", INT_MAX,
            " fit in one grid row");
