@@ -130,15 +130,13 @@ bool Quantizer::has_device_amax() const {
          plugin_->quantize_device_amax_extra() != nullptr;
 }
 
-QuantizedTensor Quantizer::quantize(const TensorView& src, std::uint32_t usage,
-                                    const QuantizeOptions& options,
-                                    std::shared_ptr<Allocator> allocator) const {
+QuantizedTensor Quantizer::empty_output(const char* op, const TensorView& src, std::uint32_t usage,
+                                        std::shared_ptr<Allocator>& allocator) const {
   QR_CHECK(usage != 0 && (usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0,
-           context("quantize", &src), ": usage must be rowwise, columnwise or both, got ", usage);
+           context(op, &src), ": usage must be rowwise, columnwise or both, got ", usage);
   check_source(src, src.rows(), src.cols());
   if (!allocator) {
-    QR_CHECK(src.device().is_cpu(), context("quantize", &src),
-             ": pass an allocator for device tensors");
+    QR_CHECK(src.device().is_cpu(), context(op, &src), ": pass an allocator for device tensors");
     allocator = cpu_allocator();
   }
   std::array<qr_direction_layout, 2> layouts{};
@@ -146,8 +144,13 @@ QuantizedTensor Quantizer::quantize(const TensorView& src, std::uint32_t usage,
     const auto dir = static_cast<qr_direction>(d);
     if (usage & usage_bit(dir)) layouts[d] = layout(src.rows(), src.cols(), dir);
   }
-  QuantizedTensor out(format(), src.rows(), src.cols(), usage, layouts, src.device(),
-                      std::move(allocator));
+  return QuantizedTensor(format(), src.rows(), src.cols(), usage, layouts, src.device(), allocator);
+}
+
+QuantizedTensor Quantizer::quantize(const TensorView& src, std::uint32_t usage,
+                                    const QuantizeOptions& options,
+                                    std::shared_ptr<Allocator> allocator) const {
+  QuantizedTensor out = empty_output("quantize", src, usage, allocator);
   quantize_into(src, out, options);
   return out;
 }
@@ -233,21 +236,7 @@ QuantizedTensor Quantizer::quantize_decoded(const TensorView& src, std::uint32_t
                                             std::shared_ptr<Allocator> allocator) const {
   QR_CHECK((decoded_usage & ~usage) == 0, context("quantize_decoded", &src), ": decoded usage ",
            usage_str(decoded_usage), " is not part of the quantized usage ", usage_str(usage));
-  QR_CHECK(usage != 0 && (usage & ~(QR_USAGE_ROWWISE | QR_USAGE_COLUMNWISE)) == 0,
-           context("quantize_decoded", &src), ": usage must be rowwise, columnwise or both, got ",
-           usage);
-  check_source(src, src.rows(), src.cols());
-  if (!allocator) {
-    QR_CHECK(src.device().is_cpu(), context("quantize_decoded", &src),
-             ": pass an allocator for device tensors");
-    allocator = cpu_allocator();
-  }
-  std::array<qr_direction_layout, 2> layouts{};
-  for (int d = 0; d < 2; ++d) {
-    const auto dir = static_cast<qr_direction>(d);
-    if (usage & usage_bit(dir)) layouts[d] = layout(src.rows(), src.cols(), dir);
-  }
-  QuantizedTensor out(format(), src.rows(), src.cols(), usage, layouts, src.device(), allocator);
+  QuantizedTensor out = empty_output("quantize_decoded", src, usage, allocator);
   out.set_keep_decoded(true);
   // On the CPU the GEMM keeps FP32 reference decodes itself (gemm_cpu.cpp): nothing to write.
   if (decoded_usage == 0 || src.device().is_cpu() || !has_quantize_decoded()) {
@@ -260,9 +249,9 @@ QuantizedTensor Quantizer::quantize_decoded(const TensorView& src, std::uint32_t
   std::array<DecodedCopy, 2> copies;
   for (int d = 0; d < 2; ++d) {
     const auto dir = static_cast<qr_direction>(d);
-    const qr_direction_layout& l = layouts[d];
-    if (!(decoded_usage & usage_bit(dir)) || l.data_ndim != 2 ||
-        (l.scale_mode != QR_SCALE_BLOCK && l.scale_mode != QR_SCALE_BLOCK_TENSOR))
+    if (!(decoded_usage & usage_bit(dir))) continue;
+    const qr_direction_layout& l = out.layout(dir);
+    if (l.data_ndim != 2 || (l.scale_mode != QR_SCALE_BLOCK && l.scale_mode != QR_SCALE_BLOCK_TENSOR))
       continue;
     const auto bytes = static_cast<std::size_t>(
         checked_mul(checked_mul(l.data_shape[0], l.data_shape[1], "decoded elements"), 2, "decoded bytes"));

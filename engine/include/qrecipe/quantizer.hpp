@@ -102,6 +102,10 @@ class Quantizer {
  private:
   std::string context(const char* op, const TensorView* src = nullptr) const;
   void check_source(const TensorView& src, std::int64_t rows, std::int64_t cols) const;
+  // The checked, allocated (not yet written) output of quantize / quantize_decoded (`op`
+  // names the call in errors); a missing allocator becomes the CPU one, for CPU sources only.
+  QuantizedTensor empty_output(const char* op, const TensorView& src, std::uint32_t usage,
+                               std::shared_ptr<Allocator>& allocator) const;
   std::shared_ptr<const FormatPlugin> plugin_;
   QuantizerSpec spec_;
   QuantizerRole role_;
