@@ -86,10 +86,12 @@ def target_of(recipe: str, experts: int, tokens_each: int):
 
 # ---------------------------------------------------------------- table 1: grouped GEMMs
 
-def expert_layer(experts: int, tokens_each: int, n_in: int, n_out: int, name: str):
-    """One configuration's inputs (uneven routing, seeded), the GroupedLinear and the same
-    weights for the baselines: (splits, x, dy, grouped, w3, splits_dev, offs).
-    profile_grouped_linear.py builds its steps from this too."""
+def expert_steps(experts: int, tokens_each: int, n_in: int, n_out: int, name: str,
+                 recipes: list, torchao_mm=None):
+    """One configuration's training steps (forward, input and weight gradients) over the same
+    inputs (uneven routing, seeded) and weights: {"bf16": torch._grouped_mm, "torchao": its FP8
+    rowwise grouped GEMM (when given), recipe: the GroupedLinear under it}, and the splits.
+    profile_grouped_linear.py profiles these same steps."""
     tokens = experts * tokens_each
     splits = routed_splits(experts, tokens, seed=experts * 7 + tokens_each)
     torch.manual_seed(0)
@@ -102,14 +104,6 @@ def expert_layer(experts: int, tokens_each: int, n_in: int, n_out: int, name: st
     w3 = torch.nn.Parameter(grouped.weight.detach().view(experts, n_out, n_in))
     splits_dev = torch.tensor(splits, device="cuda", dtype=torch.int64)
     offs = torch.cumsum(splits_dev, 0).to(torch.int32)
-    return splits, x, dy, grouped, w3, splits_dev, offs
-
-
-def bench_grouped_config(experts: int, tokens_each: int, n_in: int, n_out: int, recipes: list,
-                         torchao_mm, args) -> list:
-    tokens = experts * tokens_each
-    splits, x, dy, grouped, w3, splits_dev, offs = expert_layer(experts, tokens_each, n_in, n_out,
-                                                                "bench.experts")
 
     def bf16_step():
         y = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offs)
@@ -130,8 +124,16 @@ def bench_grouped_config(experts: int, tokens_each: int, n_in: int, n_out: int, 
     fns = {"bf16": bf16_step}
     if torchao_mm is not None:
         fns["torchao"] = torchao_step
-    for name in recipes:
-        fns[name] = qrecipe_step(qrecipe.Recipe.builtin(name))
+    for r in recipes:
+        fns[r] = qrecipe_step(qrecipe.Recipe.builtin(r))
+    return splits, fns
+
+
+def bench_grouped_config(experts: int, tokens_each: int, n_in: int, n_out: int, recipes: list,
+                         torchao_mm, args) -> list:
+    tokens = experts * tokens_each
+    splits, fns = expert_steps(experts, tokens_each, n_in, n_out, "bench.experts", recipes,
+                               torchao_mm)
     times = time_interleaved(fns, args.steps, args.samples, warmup=2)
     ms = {k: statistics.median(v) for k, v in times.items()}
     flops = 3 * 2 * tokens * n_in * n_out
@@ -163,7 +165,7 @@ def bench_grouped_config(experts: int, tokens_each: int, n_in: int, n_out: int, 
                 rec["beats_torchao"] = rec["ratio_to_torchao"] > 1.0
         records.append(rec)
     print(line, flush=True)
-    del grouped, w3, x, dy
+    del fns  # the layer and its inputs, held by the steps
     return records
 
 

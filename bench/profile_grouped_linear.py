@@ -27,32 +27,15 @@ from collections import defaultdict
 
 import torch
 
-import qrecipe
-from bench_grouped_linear import expert_layer  # the benchmark's layer and inputs (this folder)
+from bench_grouped_linear import expert_steps  # the benchmark's steps (this folder)
 
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 
 
 def steps_of(config: str, recipes: list):
     experts, tokens_each, n_in, n_out = (int(v) for v in config.split("x"))
-    _, x, dy, grouped, w3, splits_dev, offs = expert_layer(experts, tokens_each, n_in, n_out,
-                                                           "profile.experts")
-
-    def bf16_step():
-        y = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offs)
-        y.backward(dy)
-
-    def qrecipe_step(recipe):
-        def step():
-            with qrecipe.autocast(recipe):
-                y = grouped(x, splits_dev)
-            y.backward(dy)
-        return step
-
-    fns = {"bf16_grouped_mm": bf16_step}
-    for name in recipes:
-        fns[f"qrecipe_{name}"] = qrecipe_step(qrecipe.Recipe.builtin(name))
-    return fns
+    _, fns = expert_steps(experts, tokens_each, n_in, n_out, "profile.experts", recipes)
+    return {("bf16_grouped_mm" if k == "bf16" else f"qrecipe_{k}"): f for k, f in fns.items()}
 
 
 def profile_one(step, steps: int, top: int) -> dict:
